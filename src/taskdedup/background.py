@@ -1,0 +1,195 @@
+"""Work that can wait, sent as one batch per process (G2): lease renewals and confirmations.
+
+- :class:`Heartbeat` renews the lease of every job running in the process, in one store call
+  every lease/3, from a daemon thread (sync workers such as Celery's).
+- :class:`AsyncHeartbeat` does the same from an asyncio task (taskiq).
+- :class:`Confirmer` extends freshly published locks from their short grace to their ttl (G11),
+  in one call for everything published since the last flush, and flushes at exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from .stores.base import Confirm, Lease
+
+if TYPE_CHECKING:
+    from .core import Deduplicator
+
+log = logging.getLogger("taskdedup")
+
+
+class _Leases:
+    """The leases held in this process, and how often they need renewing."""
+
+    def __init__(self, default_lease: float) -> None:
+        self._held: dict[tuple[str, str], Lease] = {}
+        self._mutex = threading.Lock()
+        self._default = default_lease
+
+    def add(self, lease: Lease) -> None:
+        with self._mutex:
+            self._held[(lease.key, lease.job_id)] = lease
+
+    def discard(self, lease: Lease) -> None:
+        with self._mutex:
+            self._held.pop((lease.key, lease.job_id), None)
+
+    def snapshot(self) -> list[Lease]:
+        with self._mutex:
+            return list(self._held.values())
+
+    def interval(self) -> float:
+        """A third of the shortest lease held (or of the default lease when none is)."""
+        with self._mutex:
+            shortest = min((lease.lease_ms for lease in self._held.values()), default=None)
+        return (shortest / 1000 if shortest else self._default) / 3
+
+
+class Heartbeat(_Leases):
+    """Renews every lease held in this process from a daemon thread; ``stop()`` ends it."""
+
+    def __init__(self, dedup: Deduplicator) -> None:
+        super().__init__(dedup.settings.default_lease)
+        self.dedup = dedup
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: Lease) -> None:
+        super().add(lease)
+        if self._thread is None or not self._thread.is_alive():
+            self.start()
+        self._wake.set()  # a shorter lease may need an earlier beat
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="taskdedup-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def beat(self) -> None:
+        """Renew every held lease now, in one batch."""
+        leases = self.snapshot()
+        if leases:
+            self.dedup.heartbeat(leases)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval())
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.beat()
+            except Exception:  # keep beating: a lost beat costs a lease, a dead thread all
+                log.exception("taskdedup heartbeat failed")
+
+
+class AsyncHeartbeat(_Leases):
+    """Renews every lease held in this event loop from an asyncio task; ``await stop()``."""
+
+    def __init__(self, dedup: Deduplicator) -> None:
+        super().__init__(dedup.settings.default_lease)
+        self.dedup = dedup
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+
+    def add(self, lease: Lease) -> None:
+        super().add(lease)
+        if self._task is None or self._task.done():
+            self.start()
+        if self._wake is not None:
+            self._wake.set()
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def beat(self) -> None:
+        leases = self.snapshot()
+        if leases:
+            await self.dedup.aheartbeat(leases)
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval())
+            self._wake.clear()
+            try:
+                await self.beat()
+            except Exception:
+                log.exception("taskdedup heartbeat failed")
+
+
+class Confirmer:
+    """Confirms published locks in batches from a daemon thread started on first use."""
+
+    def __init__(self, dedup: Deduplicator, interval: float = 0.25) -> None:
+        self.dedup = dedup
+        self.interval = interval
+        self._pending: list[tuple[str, str]] = []
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, key: str, job_id: str) -> None:
+        with self._mutex:
+            self._pending.append((key, job_id))
+            if self._pid != os.getpid():  # first use, or a forked child: start our thread
+                self._pid = os.getpid()
+                self._start()
+
+    def _start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="taskdedup-confirm", daemon=True)
+        self._thread.start()
+        atexit.register(self.flush)
+
+    def flush(self) -> int:
+        """Confirm everything pending now; returns how many locks were extended."""
+        with self._mutex:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return 0
+        try:
+            return self.dedup.store.run(Confirm(tuple(batch)))
+        except Exception as exc:  # a missed confirmation costs a dedup window, never a job
+            log.warning("taskdedup: could not confirm %d lock(s): %s", len(batch), exc)
+            return 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._pid == os.getpid():
+            self._thread.join(5.0)
+        self._thread = None
+        self._pid = 0
+        self.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self.flush()

@@ -1,0 +1,509 @@
+"""Deduplicator: the decisions of the lock diagram, with no framework imports.
+
+Each decision is planned once as a :class:`_Step` (the store operation to run, how to read its
+reply, what to do if the store is down) and executed by a sync or an asyncio runner, so Celery
+(sync) and taskiq (asyncio) share one copy of the logic. Settings that apply to every decision
+(``enabled``, ``dry_run``, ``disabled_tasks``, ``on_store_error``) are applied here, once, for
+both adapters. Every decision is logged on the ``taskdedup`` logger and counted in ``stats``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, Literal, TypeVar
+
+from .background import Confirmer
+from .errors import DuplicateJob, StoreUnavailable
+from .policy import ENQUEUE_LOCKING, HOLD_WHILE_RUNNING, RUN_LOCKING, TaskPolicy
+from .settings import Settings
+from .stores.base import (
+    Acquire,
+    AcquireReply,
+    Claim,
+    ClaimReply,
+    Finish,
+    FinishReply,
+    Handoff,
+    Heartbeat,
+    Lease,
+    LockMode,
+    Op,
+    Release,
+    Retry,
+    Store,
+    ms,
+)
+
+log = logging.getLogger("taskdedup")
+T = TypeVar("T")
+
+TicketOutcome = Literal["acquired", "duplicate", "store_unavailable", "skipped"]
+AdmissionOutcome = Literal[
+    "run", "running", "done", "busy", "exhausted", "store_unavailable", "skipped"
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ticket:
+    """The answer to an enqueue: publish ``job_id``, or hand the caller ``holder``'s job."""
+
+    outcome: TicketOutcome
+    job_id: str  # the id to publish under (ours), or the holder's id for a duplicate
+    key: str | None
+    fence: int = 0
+    duplicates: int = 0
+    dry_run: bool = False
+    confirm: bool = False  # the lock waits for a publish confirmation (G11)
+
+    @property
+    def acquired(self) -> bool:
+        return self.outcome == "acquired"
+
+    @property
+    def deduplicated(self) -> bool:
+        """True when nothing must be published: the caller gets ``job_id``'s existing job."""
+        return self.outcome == "duplicate" and not self.dry_run
+
+    @property
+    def should_publish(self) -> bool:
+        return not self.deduplicated
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Admission:
+    """The answer to a claim: may this delivery of the job run now?"""
+
+    outcome: AdmissionOutcome
+    job_id: str
+    key: str | None
+    fence: int = 0
+    attempts: int = 0
+    holder: str = ""
+    handoff: Handoff | None = None  # publish this job now (reschedule owed at start)
+    lease: Lease | None = None  # renew this while the job runs
+    dry_run: bool = False
+
+    @property
+    def should_run(self) -> bool:
+        return self.outcome in ("run", "store_unavailable", "skipped") or self.dry_run
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Completion:
+    """The answer to a finish: whether the lock was released, and a job to publish, if owed."""
+
+    released: bool
+    handoff: Handoff | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _Step(Generic[T]):
+    op: Op[Any]
+    done: Callable[[Any], T]
+    failed: Callable[[StoreUnavailable], T]
+
+
+_CLAIM_MODES: dict[str, tuple[LockMode, bool]] = {
+    "until_executing": ("release", False),
+    "until_executed": ("hold", False),
+    "until_expired": ("hold", False),
+    "while_executing": ("none", True),
+    "until_and_while_executing": ("release", True),
+}
+
+
+class Deduplicator:
+    """Makes the dedup decisions for both adapters against one store."""
+
+    def __init__(
+        self, store: Store, settings: Settings | None = None, *, owner: str | None = None
+    ) -> None:
+        self.store = store
+        self.settings = settings or Settings()
+        self._owner = owner
+        self.stats: Counter[str] = Counter()
+        self._stats_lock = threading.Lock()
+        self.confirmer = Confirmer(self)
+
+    @property
+    def owner(self) -> str:
+        """Who runs jobs here: host and pid (read each time, so it stays true after a fork)."""
+        return self._owner or f"{socket.gethostname()}:{os.getpid()}"
+
+    def active(self, task: str) -> bool:
+        return self.settings.enabled and task not in self.settings.disabled_tasks
+
+    # ------------------------------------------------------------------ runners
+
+    def _run(self, step: _Step[T]) -> T:
+        try:
+            reply = self.store.run(step.op)
+        except StoreUnavailable as exc:
+            return step.failed(exc)
+        return step.done(reply)
+
+    async def _arun(self, step: _Step[T]) -> T:
+        try:
+            reply = await self.store.arun(step.op)
+        except StoreUnavailable as exc:
+            return step.failed(exc)
+        return step.done(reply)
+
+    def _note(self, decision: str, outcome: str, level: int, task: str, **fields: Any) -> None:
+        with self._stats_lock:
+            self.stats[f"{decision}.{outcome}"] += 1
+        if log.isEnabledFor(level):
+            detail = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
+            log.log(level, "%s %s %s: %s", decision, outcome, task, detail)
+
+    def _store_down(self, decision: str, task: str, exc: StoreUnavailable, **fields: Any) -> None:
+        self._note(decision, "store_unavailable", logging.WARNING, task, error=exc, **fields)
+        if self.settings.on_store_error == "raise":
+            raise exc
+
+    # ------------------------------------------------------------------ enqueue
+
+    def enqueue(
+        self,
+        policy: TaskPolicy,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        job_id: str | None = None,
+        queue: str | None = None,
+        delay: float = 0.0,
+        payload: str | None = None,
+    ) -> Ticket:
+        """Take the enqueue lock for one call, or learn which job already holds it.
+
+        Raises DuplicateJob when the policy says ``on_conflict="raise"``. After publishing an
+        acquired ticket call :meth:`published`; if the publish fails, :meth:`publish_failed`.
+        """
+        step = self._plan_enqueue(policy, args, kwargs, job_id, queue, delay, payload)
+        return step if isinstance(step, Ticket) else self._run(step)
+
+    async def aenqueue(
+        self,
+        policy: TaskPolicy,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        job_id: str | None = None,
+        queue: str | None = None,
+        delay: float = 0.0,
+        payload: str | None = None,
+    ) -> Ticket:
+        """The asyncio twin of :meth:`enqueue`."""
+        step = self._plan_enqueue(policy, args, kwargs, job_id, queue, delay, payload)
+        return step if isinstance(step, Ticket) else await self._arun(step)
+
+    def _plan_enqueue(
+        self,
+        tp: TaskPolicy,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any] | None,
+        job_id: str | None,
+        queue: str | None,
+        delay: float,
+        payload: str | None,
+    ) -> Ticket | _Step[Ticket]:
+        job_id = job_id or str(uuid.uuid4())
+        p, task = tp.policy, tp.task
+        if not self.active(task) or p.strategy not in ENQUEUE_LOCKING:
+            return Ticket("skipped", job_id, None)
+        if delay > 0 and not p.including_scheduled:
+            return Ticket("skipped", job_id, None)
+        key = tp.key_for(args, kwargs, queue)
+        ttl = ms(p.ttl_seconds + max(delay, 0.0))
+        grace = min(ms(self.settings.grace), ttl)
+        dry = self.settings.dry_run
+        op = Acquire(
+            key,
+            job_id,
+            ttl,
+            grace,
+            record_duplicate=not dry,
+            payload=payload if p.on_conflict == "reschedule_once" else None,
+        )
+
+        def done(reply: AcquireReply) -> Ticket:
+            if reply.acquired:
+                self._note("enqueue", "acquired", logging.DEBUG, task, key=key, job=job_id)
+                return Ticket("acquired", job_id, key, reply.fence, confirm=grace < ttl)
+            outcome = "would_deduplicate" if dry else "duplicate"
+            self._note("enqueue", outcome, logging.INFO, task, key=key, holder=reply.holder)
+            if p.on_conflict == "raise" and not dry:
+                raise DuplicateJob(reply.holder, key, task)
+            return Ticket(
+                "duplicate",
+                job_id if dry else reply.holder,
+                key,
+                reply.fence,
+                reply.duplicates,
+                dry_run=dry,
+            )
+
+        def failed(exc: StoreUnavailable) -> Ticket:
+            self._store_down("enqueue", task, exc, key=key, job=job_id)
+            return Ticket("store_unavailable", job_id, key)
+
+        return _Step(op, done, failed)
+
+    def published(self, ticket: Ticket) -> None:
+        """The job of an acquired ticket is in the broker: confirm its lock (batched, G11)."""
+        if ticket.acquired and ticket.confirm and ticket.key is not None:
+            self.confirmer.add(ticket.key, ticket.job_id)
+
+    def publish_failed(self, ticket: Ticket) -> bool:
+        """Publishing failed: release the ticket's lock before the error reaches the caller."""
+        if not ticket.acquired or ticket.key is None:
+            return False
+        return self.release(ticket.key, ticket.job_id, task="(publish failed)")
+
+    async def apublish_failed(self, ticket: Ticket) -> bool:
+        if not ticket.acquired or ticket.key is None:
+            return False
+        return await self.arelease(ticket.key, ticket.job_id, task="(publish failed)")
+
+    # ------------------------------------------------------------------ claim
+
+    def claim(
+        self,
+        policy: TaskPolicy,
+        job_id: str,
+        *,
+        key: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+        attempt: int | None = None,
+    ) -> Admission:
+        """A worker is about to run ``job_id``: may it? (``key`` is recomputed when not given.)"""
+        step = self._plan_claim(policy, job_id, key, args, kwargs, queue, attempt)
+        return step if isinstance(step, Admission) else self._run(step)
+
+    async def aclaim(
+        self,
+        policy: TaskPolicy,
+        job_id: str,
+        *,
+        key: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+        attempt: int | None = None,
+    ) -> Admission:
+        step = self._plan_claim(policy, job_id, key, args, kwargs, queue, attempt)
+        return step if isinstance(step, Admission) else await self._arun(step)
+
+    def _plan_claim(
+        self,
+        tp: TaskPolicy,
+        job_id: str,
+        key: str | None,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any] | None,
+        queue: str | None,
+        attempt: int | None,
+    ) -> Admission | _Step[Admission]:
+        p, task = tp.policy, tp.task
+        if not self.active(task):
+            return Admission("skipped", job_id, key)
+        key = key or tp.key_for(args, kwargs, queue)
+        lock_mode, run_lock = _CLAIM_MODES[p.strategy]
+        reschedule = p.on_conflict == "reschedule_once" and lock_mode == "release"
+        lease_ms = ms(p.lease_seconds)
+        owner = self.owner
+        dry = self.settings.dry_run
+        op = Claim(
+            key,
+            job_id,
+            owner,
+            lease_ms,
+            ms(p.ttl_seconds),
+            lock_mode,
+            run_lock,
+            ms(self.settings.remember_finished),
+            attempt=attempt,
+            max_attempts=p.max_attempts,
+            handoff_job_id=str(uuid.uuid4()) if reschedule else None,
+            grace_ms=min(ms(self.settings.grace), ms(p.ttl_seconds)),
+        )
+
+        def done(reply: ClaimReply) -> Admission:
+            level = logging.DEBUG if reply.outcome == "run" else logging.INFO
+            outcome = reply.outcome if reply.outcome == "run" or not dry else "would_skip"
+            self._note("claim", outcome, level, task, key=key, job=job_id, holder=reply.holder)
+            lease = Lease(key, job_id, lease_ms) if reply.outcome == "run" else None
+            return Admission(
+                reply.outcome,
+                job_id,
+                key,
+                reply.fence,
+                reply.attempts,
+                reply.holder,
+                reply.handoff,
+                lease,
+                dry_run=dry,
+            )
+
+        def failed(exc: StoreUnavailable) -> Admission:
+            self._store_down("claim", task, exc, key=key, job=job_id)
+            return Admission("store_unavailable", job_id, key)
+
+        return _Step(op, done, failed)
+
+    # ------------------------------------------------------------------ while running
+
+    def heartbeat(self, leases: Iterable[Lease]) -> tuple[bool, ...] | None:
+        """Renew many leases in one batch; None when the store is down (logged)."""
+        batch = tuple(leases)
+        return self._run(self._plan_heartbeat(batch)) if batch else ()
+
+    async def aheartbeat(self, leases: Iterable[Lease]) -> tuple[bool, ...] | None:
+        batch = tuple(leases)
+        return await self._arun(self._plan_heartbeat(batch)) if batch else ()
+
+    def _plan_heartbeat(self, batch: tuple[Lease, ...]) -> _Step[tuple[bool, ...] | None]:
+        def done(reply: tuple[bool, ...]) -> tuple[bool, ...]:
+            for lease, alive in zip(batch, reply, strict=True):
+                if not alive:
+                    self._note(
+                        "heartbeat", "lost", logging.WARNING, "?", key=lease.key, job=lease.job_id
+                    )
+            return reply
+
+        def failed(exc: StoreUnavailable) -> None:
+            self._note("heartbeat", "store_unavailable", logging.WARNING, "?", error=exc)
+            return None
+
+        return _Step(Heartbeat(batch), done, failed)
+
+    # ------------------------------------------------------------------ retry, finish, release
+
+    def retry(
+        self,
+        policy: TaskPolicy,
+        key: str,
+        job_id: str,
+        *,
+        delay: float = 0.0,
+        attempt: int | None = None,
+    ) -> bool:
+        """The job will run again under the same id: keep its lock, now QUEUED (G6)."""
+        return self._run(self._plan_retry(policy, key, job_id, delay, attempt))
+
+    async def aretry(
+        self,
+        policy: TaskPolicy,
+        key: str,
+        job_id: str,
+        *,
+        delay: float = 0.0,
+        attempt: int | None = None,
+    ) -> bool:
+        return await self._arun(self._plan_retry(policy, key, job_id, delay, attempt))
+
+    def _plan_retry(
+        self, tp: TaskPolicy, key: str, job_id: str, delay: float, attempt: int | None
+    ) -> _Step[bool]:
+        op = Retry(key, job_id, ms(tp.policy.ttl_seconds + max(delay, 0.0)), attempt)
+
+        def done(kept: bool) -> bool:
+            self._note(
+                "retry", "kept" if kept else "unlocked", logging.DEBUG, tp.task, key=key, job=job_id
+            )
+            return kept
+
+        def failed(exc: StoreUnavailable) -> bool:
+            self._note("retry", "store_unavailable", logging.WARNING, tp.task, error=exc)
+            return False
+
+        return _Step(op, done, failed)
+
+    def finish(
+        self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None
+    ) -> Completion:
+        """The job ended for good (success or final failure): release, throttle or hand off."""
+        return self._run(self._plan_finish(policy, key, job_id, attempt))
+
+    async def afinish(
+        self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None
+    ) -> Completion:
+        return await self._arun(self._plan_finish(policy, key, job_id, attempt))
+
+    def _plan_finish(
+        self, tp: TaskPolicy, key: str, job_id: str, attempt: int | None
+    ) -> _Step[Completion]:
+        p = tp.policy
+        holds = p.strategy in HOLD_WHILE_RUNNING or p.strategy in RUN_LOCKING
+        reschedule = p.on_conflict == "reschedule_once" and p.strategy in HOLD_WHILE_RUNNING
+        ttl = ms(p.ttl_seconds)
+        op = Finish(
+            key,
+            job_id,
+            throttle=p.strategy == "until_expired",
+            memory_ms=ms(self.settings.remember_finished),
+            handoff_job_id=str(uuid.uuid4()) if reschedule else None,
+            attempt=attempt,
+            grace_ms=min(ms(self.settings.grace), ttl),
+            ttl_ms=ttl,
+        )
+
+        def done(reply: FinishReply) -> Completion:
+            outcome = "handed_off" if reply.handoff else "released" if reply.released else "kept"
+            if reply.stale:
+                outcome = "stale"
+            level = logging.DEBUG if reply.released or not holds else logging.INFO
+            self._note(
+                "finish",
+                outcome,
+                level,
+                tp.task,
+                key=key,
+                job=job_id,
+                next=reply.handoff.job_id if reply.handoff else None,
+            )
+            return Completion(reply.released, reply.handoff)
+
+        def failed(exc: StoreUnavailable) -> Completion:
+            self._note("finish", "store_unavailable", logging.WARNING, tp.task, error=exc)
+            return Completion(False)
+
+        return _Step(op, done, failed)
+
+    def release(self, key: str, job_id: str, *, task: str = "?") -> bool:
+        """Owner-checked release (failed publish, revoke): only ``job_id``'s lock goes."""
+        return self._run(self._plan_release(key, job_id, task))
+
+    async def arelease(self, key: str, job_id: str, *, task: str = "?") -> bool:
+        return await self._arun(self._plan_release(key, job_id, task))
+
+    def _plan_release(self, key: str, job_id: str, task: str) -> _Step[bool]:
+        def done(released: bool) -> bool:
+            self._note(
+                "release",
+                "released" if released else "not_holder",
+                logging.DEBUG,
+                task,
+                key=key,
+                job=job_id,
+            )
+            return released
+
+        def failed(exc: StoreUnavailable) -> bool:
+            self._note("release", "store_unavailable", logging.WARNING, task, error=exc)
+            return False
+
+        return _Step(Release(key, job_id), done, failed)
+
+    def close(self) -> None:
+        """Flush pending confirmations and stop background work."""
+        self.confirmer.stop()

@@ -1,0 +1,61 @@
+"""The exceptions taskdedup raises.
+
+Every error derives from :class:`DedupError`, so one ``except DedupError`` catches them all;
+the ones a caller is likely to handle on their own also derive from the matching built-in.
+"""
+
+from __future__ import annotations
+
+
+class DedupError(Exception):
+    """Base class of every taskdedup error."""
+
+
+class ConfigError(DedupError, ValueError):
+    """A policy or setting is invalid; raised when the task is defined, not when it runs."""
+
+
+class KeyEncodingError(DedupError, TypeError):
+    """A task argument cannot be turned into a deduplication key (or does not bind)."""
+
+    def __init__(self, task: str, argument: str, reason: str) -> None:
+        self.task = task
+        self.argument = argument
+        self.reason = reason
+        super().__init__(f"task {task!r}: argument {argument!r} {reason}")
+
+
+class DuplicateJob(DedupError):
+    """An equal job is already queued or running, and the policy says ``on_conflict="raise"``."""
+
+    def __init__(self, job_id: str, key: str, task: str | None = None) -> None:
+        self.job_id = job_id
+        self.key = key
+        self.task = task
+        where = f" of task {task!r}" if task else ""
+        super().__init__(f"duplicate job{where}: job {job_id} already holds key {key}")
+
+
+class QuotaExceeded(DedupError):
+    """A reservation scope already has its maximum number of jobs in flight."""
+
+    def __init__(self, scope: str, limit: int) -> None:
+        self.scope = scope
+        self.limit = limit
+        super().__init__(f"Quota exceeded: maximum {limit} concurrent jobs for scope {scope}")
+
+
+class IdempotencyKeyMismatch(DedupError):
+    """An idempotency key was reused with another task or other arguments."""
+
+    def __init__(self, key: str, job_id: str) -> None:
+        self.key = key
+        self.job_id = job_id
+        super().__init__(
+            f"idempotency key {key!r} was first used for job {job_id} with another task "
+            "or other arguments; use a new key for new work"
+        )
+
+
+class StoreUnavailable(DedupError, ConnectionError):
+    """The lock store could not be reached or did not answer."""

@@ -1,0 +1,199 @@
+"""Policy: how one task is deduplicated, checked when the task is defined.
+
+A :class:`Policy` is framework-free and reusable; :meth:`Policy.bind` ties it to one task
+(name and function), validating ``keys=`` against the signature, and gives a :class:`TaskPolicy`
+that turns a call's arguments into the dedup key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Literal, get_args
+
+from . import keys as _keys
+from .errors import ConfigError, KeyEncodingError
+
+Strategy = Literal[
+    "until_executing",
+    "until_executed",
+    "until_expired",
+    "while_executing",
+    "until_and_while_executing",
+]
+OnConflict = Literal["drop", "raise", "reschedule_once"]
+
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+ON_CONFLICT: tuple[str, ...] = get_args(OnConflict)
+
+DEFAULT_TTL = 6 * 3600.0
+DEFAULT_LEASE = 30.0
+
+#: Strategies that take a lock when the job is enqueued.
+ENQUEUE_LOCKING = frozenset(
+    {"until_executing", "until_executed", "until_expired", "until_and_while_executing"}
+)
+#: Strategies whose enqueue lock is kept while the job runs (renewed by a lease).
+HOLD_WHILE_RUNNING = frozenset({"until_executed", "until_expired"})
+#: Strategies that take a run lock so two jobs of one key never run at once.
+RUN_LOCKING = frozenset({"while_executing", "until_and_while_executing"})
+
+Seconds = float | int | timedelta
+
+
+def seconds(value: Seconds | None, *, name: str, allow_none: bool = False) -> float | None:
+    """Read a duration given as seconds or a timedelta; reject zero and negatives."""
+    if value is None:
+        if allow_none:
+            return None
+        raise ConfigError(f"{name} is required")
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be seconds (a number) or a timedelta, not {value!r}")
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """How to deduplicate one task.
+
+    strategy: when the lock is taken and released (see the README's strategy table).
+    ttl: seconds the enqueue lock lives at most (plus the delay of a scheduled job).
+    lease: seconds a running job's lock lives without a heartbeat; a crash frees it after this.
+    keys: names of the arguments that form the key (default: all of them).
+    key: a callable of the task's arguments, or a constant string, that gives the key instead.
+    on_conflict: what a duplicate enqueue does: "drop" (return the holder's job),
+        "raise" (DuplicateJob) or "reschedule_once" (one more run after the holder ends).
+    including_scheduled: also deduplicate jobs sent with an ETA or countdown.
+    per_queue: jobs of one task on different queues do not deduplicate each other.
+    max_attempts: how many times a job whose worker died may be taken over (None: no limit).
+    """
+
+    strategy: Strategy = "until_executing"
+    ttl: Seconds = DEFAULT_TTL
+    lease: Seconds = DEFAULT_LEASE
+    keys: Sequence[str] | None = None
+    key: Callable[..., Any] | str | None = None
+    on_conflict: OnConflict = "drop"
+    including_scheduled: bool = False
+    per_queue: bool = False
+    max_attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}"
+            )
+        if self.on_conflict not in ON_CONFLICT:
+            raise ConfigError(
+                f"unknown on_conflict {self.on_conflict!r}; choose one of {', '.join(ON_CONFLICT)}"
+            )
+        object.__setattr__(self, "ttl", seconds(self.ttl, name="ttl"))
+        object.__setattr__(self, "lease", seconds(self.lease, name="lease"))
+        if self.keys is not None and self.key is not None:
+            raise ConfigError("give keys=[...] or key=..., not both")
+        if self.keys is not None:
+            if isinstance(self.keys, str) or not all(isinstance(k, str) for k in self.keys):
+                raise ConfigError(f"keys must be a list of argument names, not {self.keys!r}")
+            object.__setattr__(self, "keys", tuple(self.keys))
+        if self.key is not None and not (callable(self.key) or isinstance(self.key, str)):
+            raise ConfigError(f"key must be a callable or a string, not {self.key!r}")
+        if self.on_conflict == "reschedule_once" and self.strategy == "until_expired":
+            raise ConfigError(
+                "on_conflict='reschedule_once' cannot be used with until_expired: the lock "
+                "outlives the job, so there is no end to reschedule after"
+            )
+        if self.strategy == "while_executing" and self.on_conflict != "drop":
+            raise ConfigError(
+                "while_executing never drops a duplicate (it waits its turn), so on_conflict "
+                "does not apply; leave it at 'drop' or use until_and_while_executing"
+            )
+        if self.max_attempts is not None and (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or self.max_attempts < 1
+        ):
+            raise ConfigError(
+                f"max_attempts must be None or an int >= 1, not {self.max_attempts!r}"
+            )
+
+    @property
+    def ttl_seconds(self) -> float:
+        return float(self.ttl)  # type: ignore[arg-type]
+
+    @property
+    def lease_seconds(self) -> float:
+        return float(self.lease)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_options(cls, options: Policy | Mapping[str, Any] | str) -> Policy:
+        """A Policy from a Policy, a strategy name, or a mapping of Policy's arguments."""
+        if isinstance(options, Policy):
+            return options
+        if isinstance(options, str):
+            return cls(strategy=options)  # type: ignore[arg-type]
+        if isinstance(options, Mapping):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(options) - known)
+            if unknown:
+                raise ConfigError(
+                    f"unknown deduplicate option(s) {', '.join(unknown)}; "
+                    f"known: {', '.join(sorted(known))}"
+                )
+            return cls(**options)
+        raise ConfigError(
+            f"deduplicate= takes a Policy, a strategy name or a dict, not {options!r}"
+        )
+
+    def bind(self, task: str, fn: Callable[..., Any] | None) -> TaskPolicy:
+        """Tie this policy to one task; unknown ``keys=`` names raise ConfigError now."""
+        if self.keys is not None:
+            if fn is None:
+                raise ConfigError(f"task {task!r}: keys= needs the task function to check them")
+            params = _keys.signature_parameters(fn)
+            missing = [k for k in self.keys if k not in params]
+            if missing:
+                raise ConfigError(
+                    f"task {task!r}: keys= names {', '.join(map(repr, missing))}, which the task "
+                    f"does not take; its parameters are: {', '.join(params) or '(none)'}"
+                )
+        return TaskPolicy(task=task, fn=fn, policy=self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPolicy:
+    """A Policy tied to one task: computes the dedup key of a call."""
+
+    task: str
+    fn: Callable[..., Any] | None
+    policy: Policy
+
+    def key_for(
+        self,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+    ) -> str:
+        """The fixed-length dedup key of one call (G8: equal calls share a key)."""
+        kwargs = kwargs or {}
+        p = self.policy
+        if isinstance(p.key, str):
+            encoded = _keys.encode_arguments(self.task, {"key": p.key})
+        elif p.key is not None:
+            try:
+                value = p.key(*args, **kwargs)
+            except Exception as exc:
+                raise KeyEncodingError(self.task, "key", f"callable failed: {exc!r}") from exc
+            encoded = _keys.encode_arguments(self.task, {"key": value})
+        elif self.fn is None:
+            encoded = _keys.encode_arguments(self.task, {"args": list(args), "kwargs": kwargs})
+        else:
+            bound = _keys.bind_arguments(self.task, self.fn, args, kwargs)
+            if p.keys is not None:
+                bound = {name: bound[name] for name in p.keys if name in bound}
+            encoded = _keys.encode_arguments(self.task, bound)
+        return _keys.digest(self.task, encoded, queue if p.per_queue else None)

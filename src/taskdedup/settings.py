@@ -1,0 +1,123 @@
+"""Settings flags: from code (constructor arguments or Celery's ``app.conf.taskdedup_*``),
+overridden by ``TASKDEDUP_*`` environment variables, so operators can flip them without a deploy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, get_args
+
+from .errors import ConfigError
+from .policy import DEFAULT_LEASE, DEFAULT_TTL, STRATEGIES, Policy, Strategy, seconds
+
+OnStoreError = Literal["enqueue", "raise"]
+ENV_PREFIX = "TASKDEDUP_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How taskdedup behaves in this process (every field has a ``TASKDEDUP_<NAME>`` variable).
+
+    url: the store, e.g. ``redis://127.0.0.1:6379/0``; None means the adapter's default.
+    enabled: the kill switch; False publishes and runs everything without deduplication.
+    dry_run: decide and log as usual, but drop, raise and skip nothing.
+    disabled_tasks: task names that are never deduplicated.
+    default_strategy, default_ttl, default_lease: what a task's policy leaves unsaid.
+    on_store_error: "enqueue" publishes without dedup when the store is down (and logs it);
+        "raise" raises StoreUnavailable to the caller.
+    key_prefix: the prefix of every key the store writes.
+    grace: seconds a fresh lock lives until its publish is confirmed (G11).
+    remember_finished: seconds a finished job id is remembered, so a redelivered copy of it
+        does not run again (G7).
+    """
+
+    url: str | None = None
+    enabled: bool = True
+    dry_run: bool = False
+    disabled_tasks: frozenset[str] = frozenset()
+    default_strategy: Strategy = "until_executing"
+    default_ttl: float = DEFAULT_TTL
+    default_lease: float = DEFAULT_LEASE
+    on_store_error: OnStoreError = "enqueue"
+    key_prefix: str = "taskdedup"
+    grace: float = 60.0
+    remember_finished: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.disabled_tasks, str):
+            object.__setattr__(self, "disabled_tasks", frozenset(_split(self.disabled_tasks)))
+        else:
+            object.__setattr__(self, "disabled_tasks", frozenset(self.disabled_tasks))
+        if self.default_strategy not in STRATEGIES:
+            raise ConfigError(
+                f"default_strategy {self.default_strategy!r} is unknown; "
+                f"choose one of {', '.join(STRATEGIES)}"
+            )
+        if self.on_store_error not in get_args(OnStoreError):
+            raise ConfigError(
+                f"on_store_error must be 'enqueue' or 'raise', not {self.on_store_error!r}"
+            )
+        for name in ("default_ttl", "default_lease", "grace", "remember_finished"):
+            object.__setattr__(self, name, seconds(getattr(self, name), name=name))
+        if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
+            raise ConfigError(f"key_prefix must be non-empty, without braces: {self.key_prefix!r}")
+
+    @classmethod
+    def load(
+        cls, values: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Settings from ``values`` (code), each overridden by its ``TASKDEDUP_*`` variable."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        merged: dict[str, Any] = {}
+        for name, value in (values or {}).items():
+            if name not in fields:
+                raise ConfigError(
+                    f"unknown taskdedup setting {name!r}; known: {', '.join(sorted(fields))}"
+                )
+            if value is not None:
+                merged[name] = value
+        env = os.environ if environ is None else environ
+        for name in fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                merged[name] = _parse(name, raw)
+        return cls(**merged)
+
+    def policy(self, options: Policy | Mapping[str, Any] | str | None = None) -> Policy:
+        """A task's Policy with this process's defaults filling what the task leaves unsaid."""
+        if isinstance(options, Policy):
+            return options
+        base: dict[str, Any] = {
+            "strategy": self.default_strategy,
+            "ttl": self.default_ttl,
+            "lease": self.default_lease,
+        }
+        if isinstance(options, str):
+            base["strategy"] = options
+        elif options is not None:
+            base.update(options)
+        return Policy.from_options(base)
+
+
+def _split(raw: str) -> Iterable[str]:
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def _parse(name: str, raw: str) -> Any:
+    if name in ("enabled", "dry_run"):
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: use true or false")
+    if name == "disabled_tasks":
+        return frozenset(_split(raw))
+    if name in ("default_ttl", "default_lease", "grace", "remember_finished"):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: use seconds") from None
+    return raw.strip()

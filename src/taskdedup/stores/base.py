@@ -1,0 +1,223 @@
+"""The store protocol: a few atomic primitives that cover every arrow of the lock diagram.
+
+The core never talks to Redis or memory directly. It builds an *operation* (a small frozen
+dataclass below), hands it to a store, and reads the typed reply. A store executes each
+operation atomically in one round trip, synchronously (:meth:`Store.run`) or from asyncio
+(:meth:`Store.arun`), so one copy of the decision logic serves both kinds of caller.
+
+Every record a store writes expires (G9); time is the store's own clock (the Redis server's
+time for :class:`~taskdedup.stores.redis.RedisStore`), never the caller's.
+
+Records of one dedup key ``K`` (names are the store's business; these are Redis's):
+
+- ``lock``  the enqueue lock: holder job id, state (queued / running / throttled), fencing
+  token, duplicate count and the latest duplicate's payload (for reschedule_once).
+- ``run``   the run lock of while_executing strategies: which job runs now.
+- ``job:<id>`` one job's execution record, for the redelivery guard (G7): running under a
+  lease, waiting for a retry, or done.
+- ``fence`` the counter behind the fencing tokens (seeded from the clock, so tokens keep
+  increasing even after it expires).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+from typing import Generic, Literal, TypeVar
+
+R = TypeVar("R")
+
+LockMode = Literal["release", "hold", "none"]
+ClaimOutcome = Literal["run", "running", "done", "busy", "exhausted"]
+LockState = Literal["queued", "running", "throttled"]
+
+
+class Op(Generic[R]):
+    """An operation a store executes atomically; ``R`` is the type of its reply."""
+
+    __slots__ = ()
+
+
+# ---------------------------------------------------------------- replies
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AcquireReply:
+    acquired: bool
+    holder: str  # the job id that holds the lock (ours when acquired)
+    fence: int
+    duplicates: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Handoff:
+    """A lock handed to a new job id because a reschedule was owed (reschedule_once)."""
+
+    job_id: str
+    payload: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimReply:
+    outcome: ClaimOutcome
+    fence: int
+    attempts: int
+    holder: str  # run: our owner; running: the owner of the live copy; busy: the running job id
+    handoff: Handoff | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FinishReply:
+    released: bool  # the enqueue lock was ours and is released, throttled or handed off
+    handoff: Handoff | None = None
+    stale: bool = False  # a newer attempt of the job owns the records; nothing was changed
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockInfo:
+    key: str
+    job_id: str
+    state: LockState
+    fence: int
+    duplicates: int
+    ttl_ms: int
+    confirmed: bool
+    running_job: str | None  # holder of the run lock, if any
+
+
+# ---------------------------------------------------------------- operations
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Acquire(Op[AcquireReply]):
+    """(none) -> QUEUED(job); QUEUED -> QUEUED, dups+1 (and the payload kept)."""
+
+    key: str
+    job_id: str
+    ttl_ms: int
+    grace_ms: int  # expiry until confirmed (G11); equal to ttl_ms to skip confirmation
+    record_duplicate: bool = True
+    payload: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim(Op[ClaimReply]):
+    """A worker starts the job: answers run / running elsewhere / done / busy / exhausted."""
+
+    key: str
+    job_id: str
+    owner: str
+    lease_ms: int
+    ttl_ms: int
+    lock: LockMode  # release at start, hold while running, or leave alone
+    run_lock: bool
+    memory_ms: int  # how long a finished job is remembered (redelivery guard)
+    attempt: int | None = None  # the framework's retry number; higher overtakes a live record
+    max_attempts: int | None = None
+    handoff_job_id: str | None = None  # new job id if a reschedule is owed at start
+    grace_ms: int = 60_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lease:
+    key: str
+    job_id: str
+    lease_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Heartbeat(Op[tuple[bool, ...]]):
+    """Renew many leases at once; each answer says whether the job still held something."""
+
+    leases: tuple[Lease, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Retry(Op[bool]):
+    """RUNNING(job) -> QUEUED(job): the retry keeps the lock; answers whether it was held."""
+
+    key: str
+    job_id: str
+    ttl_ms: int
+    attempt: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finish(Op[FinishReply]):
+    """The job ended: release, throttle until the ttl, or hand off to ``handoff_job_id``."""
+
+    key: str
+    job_id: str
+    throttle: bool
+    memory_ms: int
+    handoff_job_id: str | None = None
+    attempt: int | None = None
+    grace_ms: int = 60_000
+    ttl_ms: int = 0  # ttl of a handed-off lock
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Release(Op[bool]):
+    """Owner-checked release of the enqueue and run locks (failed publish, revoke)."""
+
+    key: str
+    job_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Confirm(Op[int]):
+    """Extend freshly published locks from their grace to their ttl (G11), in one batch."""
+
+    items: tuple[tuple[str, str], ...]  # (key, job_id)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inspect(Op["LockInfo | None"]):
+    key: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scan(Op[list[LockInfo]]):
+    """Every live lock (for the tools), at most ``limit``."""
+
+    limit: int = 1000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForceUnlock(Op[bool]):
+    """Remove a key's enqueue and run locks whoever holds them (an operator's tool)."""
+
+    key: str
+
+
+# ---------------------------------------------------------------- the protocol
+
+
+class Store(abc.ABC):
+    """Executes operations atomically. Subclasses implement both entry points."""
+
+    prefix: str
+
+    @abc.abstractmethod
+    def run(self, op: Op[R]) -> R:
+        """Execute ``op`` and return its reply; raise StoreUnavailable when unreachable."""
+
+    @abc.abstractmethod
+    async def arun(self, op: Op[R]) -> R:
+        """The asyncio twin of :meth:`run`."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the default has none."""
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+def ms(seconds: float) -> int:
+    """Seconds to whole milliseconds, at least 1."""
+    return max(1, round(seconds * 1000))
+
+
+def batched(items: Sequence[R], size: int) -> list[Sequence[R]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]

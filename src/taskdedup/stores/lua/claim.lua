@@ -1,0 +1,63 @@
+-- A worker starts a job: answers run / running / done / busy / exhausted.
+-- KEYS: lock, run, job record, fence
+-- ARGV: job, owner, lease_ms, ttl_ms, lock mode (release|hold|none), run_lock (1/0),
+--       memory_ms, attempt ('' = unknown), max_attempts (0 = none), handoff job ('' = none),
+--       grace_ms
+local job, owner = ARGV[1], ARGV[2]
+local lease, ttl, memory = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
+local now = now_ms()
+local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f')
+local attempts = 1
+if rec[1] then
+  if rec[1] == 'd' then return {'done', rec[6], rec[4], rec[2]} end
+  attempts = tonumber(rec[4]) + 1
+  if rec[1] == 'r' then
+    local newer = ARGV[8] ~= '' and rec[5] and rec[5] ~= '' and tonumber(ARGV[8]) > tonumber(rec[5])
+    if tonumber(rec[3]) > now and not newer then
+      return {'running', rec[6], rec[4], rec[2]}
+    end
+    local most = tonumber(ARGV[9])
+    if not newer and most > 0 and attempts > most then
+      redis.call('HSET', KEYS[3], 's', 'd')
+      redis.call('PEXPIRE', KEYS[3], memory)
+      release_if_holder(KEYS[1], job)
+      release_if_holder(KEYS[2], job)
+      return {'exhausted', rec[6], rec[4], rec[2]}
+    end
+  end
+end
+if ARGV[6] == '1' then
+  local running = redis.call('HGET', KEYS[2], 'j')
+  if running and running ~= job then return {'busy', '0', int(attempts - 1), running} end
+end
+local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd')
+local fence = false
+local handoff, payload = '', false
+if lock[1] == job then
+  fence = lock[2]
+  if ARGV[5] == 'hold' then
+    redis.call('HSET', KEYS[1], 's', 'r')
+    redis.call('PEXPIRE', KEYS[1], lease)
+  elseif ARGV[5] == 'release' then
+    if tonumber(lock[3]) > 0 and ARGV[10] ~= '' then
+      handoff = ARGV[10]
+      payload = hand_off(KEYS[1], KEYS[4], handoff, ttl, tonumber(ARGV[11]), now)
+    else
+      redis.call('DEL', KEYS[1])
+    end
+  end
+elseif not lock[1] and ARGV[5] == 'hold' then
+  fence = int(next_fence(KEYS[4], ttl))
+  redis.call('HSET', KEYS[1], 'j', job, 's', 'r', 'f', fence, 'd', '0',
+    'e', int(now + ttl), 'c', '1')
+  redis.call('PEXPIRE', KEYS[1], lease)
+end
+if not fence then fence = int(next_fence(KEYS[4], ttl)) end
+if ARGV[6] == '1' then
+  redis.call('HSET', KEYS[2], 'j', job, 'o', owner)
+  redis.call('PEXPIRE', KEYS[2], lease)
+end
+redis.call('HSET', KEYS[3], 's', 'r', 'o', owner, 'u', int(now + lease), 'a', int(attempts),
+  'n', ARGV[8], 'f', fence, 'm', ARGV[7])
+redis.call('PEXPIRE', KEYS[3], lease + memory)
+return {'run', fence, int(attempts), owner, handoff, payload}

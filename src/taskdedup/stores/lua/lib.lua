@@ -1,0 +1,47 @@
+-- Helpers prepended to every taskdedup script. Times are the server's, in milliseconds.
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Integers as exact decimal strings (Lua would print large numbers in exponent form).
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+-- The next fencing token of a key: a counter seeded from the server clock in microseconds,
+-- so tokens keep increasing even after the counter itself has expired.
+local function next_fence(fence_key, ttl_ms)
+  local fence
+  if redis.call('EXISTS', fence_key) == 1 then
+    fence = redis.call('INCR', fence_key)
+  else
+    local t = redis.call('TIME')
+    local seed = t[1] .. string.format('%06d', tonumber(t[2]))
+    redis.call('SET', fence_key, seed)
+    fence = tonumber(seed)
+  end
+  redis.call('PEXPIRE', fence_key, ttl_ms + 86400000)
+  return fence
+end
+
+-- Hand the enqueue lock to a new job id (reschedule_once); returns the kept payload or false.
+local function hand_off(lock_key, fence_key, job, ttl_ms, grace_ms, now)
+  local payload = redis.call('HGET', lock_key, 'p')
+  local fence = next_fence(fence_key, ttl_ms)
+  redis.call('DEL', lock_key)
+  redis.call('HSET', lock_key, 'j', job, 's', 'q', 'f', int(fence), 'd', '0',
+    'e', int(now + ttl_ms), 'c', '0')
+  redis.call('PEXPIRE', lock_key, grace_ms)
+  return payload
+end
+
+local function release_if_holder(key, job)
+  if redis.call('HGET', key, 'j') == job then
+    redis.call('DEL', key)
+    return 1
+  end
+  return 0
+end

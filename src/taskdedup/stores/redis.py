@@ -1,0 +1,407 @@
+"""RedisStore: the store protocol on Redis or Valkey (standalone, Sentinel, Cluster).
+
+Each primitive is one Lua script (``lua/*.lua`` beside this file, with ``lib.lua`` prepended),
+run with EVALSHA through redis-py's ``Script`` objects, which load it once and reload it after
+a NOSCRIPT. One operation is one round trip; batches (heartbeats, confirmations) go out as one
+pipeline. All records of one dedup key share a Cluster hash tag, so every script touches a
+single slot. Time is read from the Redis server inside the scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.exceptions
+
+from ..errors import ConfigError, StoreUnavailable
+from .base import (
+    Acquire,
+    AcquireReply,
+    Claim,
+    ClaimReply,
+    Confirm,
+    Finish,
+    FinishReply,
+    ForceUnlock,
+    Handoff,
+    Heartbeat,
+    Inspect,
+    LockInfo,
+    LockState,
+    Op,
+    R,
+    Release,
+    Retry,
+    Scan,
+    Store,
+)
+
+SCRIPTS = ("acquire", "claim", "heartbeat", "retry", "finish", "release", "confirm", "inspect")
+_STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
+_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def _load_scripts() -> dict[str, str]:
+    folder = resources.files(__package__).joinpath("lua")
+    lib = folder.joinpath("lib.lua").read_text()
+    return {name: lib + "\n" + folder.joinpath(f"{name}.lua").read_text() for name in SCRIPTS}
+
+
+_SOURCES = _load_scripts()
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _opt(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+class _Call:
+    """One script invocation: which script, its keys and arguments, and how to read the reply."""
+
+    __slots__ = ("args", "keys", "parse", "script")
+
+    def __init__(
+        self, script: str, keys: list[str], args: list[Any], parse: Callable[[Any], Any]
+    ) -> None:
+        self.script, self.keys, self.args, self.parse = script, keys, args, parse
+
+
+class RedisStore(Store):
+    """A store on a redis-py client (sync) and/or a ``redis.asyncio`` client.
+
+    Build it with :meth:`from_url`, or from clients you already have: ``RedisStore(client)``,
+    ``RedisStore(async_client=...)`` or both. A ``redis.cluster.RedisCluster`` client works
+    unchanged, as does a client from ``Sentinel.master_for``.
+    """
+
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        async_client: Any = None,
+        prefix: str = "taskdedup",
+        url: str | None = None,
+    ) -> None:
+        if client is None and async_client is None and url is None:
+            raise ConfigError("RedisStore needs a client, an async_client or a url")
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ConfigError(f"key_prefix must be non-empty and free of braces, not {prefix!r}")
+        self.prefix = prefix
+        self.url = url
+        self._client = client
+        self._async_client = async_client
+        self._scripts: dict[str, Any] = {}
+        self._async_scripts: dict[str, Any] = {}
+        self._builders: dict[type[Any], Callable[[Any], _Call]] = {
+            Acquire: self._acquire,
+            Claim: self._claim,
+            Retry: self._retry,
+            Finish: self._finish,
+            Release: self._release,
+            Inspect: self._inspect,
+        }
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "taskdedup", **options: Any) -> RedisStore:
+        """A store for ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port``
+        or ``redis+sentinel://host:port[,host:port]/master_name[/db]`` (clients made lazily)."""
+        scheme = urlsplit(url).scheme
+        if scheme not in ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel"):
+            raise ConfigError(
+                f"unsupported store url {url!r}: use redis://, rediss://, unix://, "
+                "redis+cluster:// or redis+sentinel://"
+            )
+        store = cls(url=url, prefix=prefix)
+        store._options = options
+        return store
+
+    _options: dict[str, Any] = {}
+
+    # -- clients
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self._make_client(asynchronous=False)
+        return self._client
+
+    @property
+    def async_client(self) -> Any:
+        if self._async_client is None:
+            self._async_client = self._make_client(asynchronous=True)
+        return self._async_client
+
+    def _make_client(self, *, asynchronous: bool) -> Any:
+        lib: Any = redis.asyncio if asynchronous else redis
+        url = self.url
+        if url is None:  # derive one side from the other client's connection settings
+            other = self._async_client if self._client is None else self._client
+            kwargs = dict(other.connection_pool.connection_kwargs)
+            return lib.Redis(**kwargs)
+        parts = urlsplit(url)
+        if parts.scheme == "redis+cluster":
+            plain = url.replace("redis+cluster://", "redis://", 1)
+            return lib.RedisCluster.from_url(plain, **self._options)
+        if parts.scheme == "redis+sentinel":
+            hosts = [h.rsplit(":", 1) for h in parts.netloc.split("@")[-1].split(",")]
+            path = [p for p in parts.path.split("/") if p]
+            if not path:
+                raise ConfigError(f"{url!r}: name the Sentinel master: redis+sentinel://h:p/name")
+            db = int(path[1]) if len(path) > 1 else 0
+            auth = {}
+            if parts.password:
+                auth["password"] = unquote(parts.password)
+            sentinel = lib.Sentinel(
+                [(h, int(p)) for h, p in hosts], sentinel_kwargs=None, **auth, **self._options
+            )
+            return sentinel.master_for(path[0], db=db, **auth)
+        return lib.Redis.from_url(url, **self._options)
+
+    def _script(self, name: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.client.register_script(_SOURCES[name])
+        return script
+
+    def _async_script(self, name: str) -> Any:
+        script = self._async_scripts.get(name)
+        if script is None:
+            script = self._async_client_script(name)
+            self._async_scripts[name] = script
+        return script
+
+    def _async_client_script(self, name: str) -> Any:
+        return self.async_client.register_script(_SOURCES[name])
+
+    # -- the protocol
+
+    def run(self, op: Op[R]) -> R:
+        try:
+            builder = self._builders.get(type(op))
+            if builder is not None:
+                call = builder(op)
+                raw = self._script(call.script)(keys=call.keys, args=call.args)
+                return cast(R, call.parse(raw))
+            return cast(R, self._run_special(op))
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
+
+    async def arun(self, op: Op[R]) -> R:
+        try:
+            builder = self._builders.get(type(op))
+            if builder is not None:
+                call = builder(op)
+                script = self._async_script(call.script)
+                raw = await script(keys=call.keys, args=call.args)
+                return cast(R, call.parse(raw))
+            if self._async_client is None and self.url is None:
+                return cast(R, await asyncio.to_thread(self._run_special, op))
+            return cast(R, await self._arun_special(op))
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    async def aclose(self) -> None:
+        self.close()
+        if self._async_client is not None:
+            await self._async_client.aclose()
+
+    # -- names
+
+    def _names(self, key: str, *parts: str) -> list[str]:
+        base = f"{self.prefix}:{{{key}}}:"
+        return [base + part for part in parts]
+
+    # -- single-script operations
+
+    def _acquire(self, op: Acquire) -> _Call:
+        return _Call(
+            "acquire",
+            self._names(op.key, "lock", "fence"),
+            [
+                op.job_id,
+                op.ttl_ms,
+                op.grace_ms,
+                1 if op.record_duplicate else 0,
+                op.payload or "",
+                0 if op.payload is None else 1,
+            ],
+            lambda r: AcquireReply(bool(int(r[0])), _s(r[1]), int(r[2]), int(r[3])),
+        )
+
+    def _claim(self, op: Claim) -> _Call:
+        return _Call(
+            "claim",
+            self._names(op.key, "lock", "run", "job:" + op.job_id, "fence"),
+            [
+                op.job_id,
+                op.owner,
+                op.lease_ms,
+                op.ttl_ms,
+                op.lock,
+                1 if op.run_lock else 0,
+                op.memory_ms,
+                _opt(op.attempt),
+                op.max_attempts or 0,
+                op.handoff_job_id or "",
+                op.grace_ms,
+            ],
+            _parse_claim,
+        )
+
+    def _retry(self, op: Retry) -> _Call:
+        return _Call(
+            "retry",
+            self._names(op.key, "lock", "run", "job:" + op.job_id),
+            [op.job_id, op.ttl_ms, _opt(op.attempt)],
+            lambda r: bool(int(r)),
+        )
+
+    def _finish(self, op: Finish) -> _Call:
+        return _Call(
+            "finish",
+            self._names(op.key, "lock", "run", "job:" + op.job_id, "fence"),
+            [
+                op.job_id,
+                1 if op.throttle else 0,
+                op.memory_ms,
+                op.handoff_job_id or "",
+                _opt(op.attempt),
+                op.grace_ms,
+                op.ttl_ms,
+            ],
+            _parse_finish,
+        )
+
+    def _release(self, op: Release) -> _Call:
+        return _Call(
+            "release", self._names(op.key, "lock", "run"), [op.job_id], lambda r: int(r) > 0
+        )
+
+    def _inspect(self, op: Inspect) -> _Call:
+        return _Call(
+            "inspect",
+            self._names(op.key, "lock", "run"),
+            [],
+            lambda r: _parse_info(op.key, r),
+        )
+
+    # -- batches and tools: pipelines (one round trip; Cluster pipelines split by node)
+
+    def _heartbeat_calls(self, op: Heartbeat) -> list[_Call]:
+        return [
+            _Call(
+                "heartbeat",
+                self._names(lease.key, "lock", "run", "job:" + lease.job_id),
+                [lease.job_id, lease.lease_ms],
+                lambda r: bool(int(r)),
+            )
+            for lease in op.leases
+        ]
+
+    def _confirm_calls(self, op: Confirm) -> list[_Call]:
+        return [
+            _Call("confirm", self._names(key, "lock"), [job_id], lambda r: int(r))
+            for key, job_id in op.items
+        ]
+
+    def _batch(self, op: Op[Any]) -> tuple[list[_Call], Callable[[list[Any]], Any]]:
+        if isinstance(op, Heartbeat):
+            return self._heartbeat_calls(op), tuple
+        if isinstance(op, Confirm):
+            return self._confirm_calls(op), sum
+        raise TypeError(f"RedisStore cannot run {type(op).__name__}")
+
+    def _run_special(self, op: Op[Any]) -> Any:
+        if isinstance(op, Scan):
+            return self._scan(op)
+        if isinstance(op, ForceUnlock):
+            lock, run = self._names(op.key, "lock", "run")
+            return bool(self.client.delete(lock) + self.client.delete(run))
+        calls, combine = self._batch(op)
+        if not calls:
+            return combine([])
+        pipe = self.client.pipeline(transaction=False)
+        for call in calls:
+            self._script(call.script)(keys=call.keys, args=call.args, client=pipe)
+        return combine([c.parse(r) for c, r in zip(calls, pipe.execute(), strict=True)])
+
+    async def _arun_special(self, op: Op[Any]) -> Any:
+        if isinstance(op, Scan | ForceUnlock):
+            return await asyncio.to_thread(self._run_special, op)
+        calls, combine = self._batch(op)
+        if not calls:
+            return combine([])
+        pipe = self.async_client.pipeline(transaction=False)
+        for call in calls:
+            await self._async_script(call.script)(keys=call.keys, args=call.args, client=pipe)
+        results = await pipe.execute()
+        return combine([c.parse(r) for c, r in zip(calls, results, strict=True)])
+
+    def _scan(self, op: Scan) -> list[LockInfo]:
+        found: list[LockInfo] = []
+        seen: set[str] = set()
+        head = self.prefix + ":{"
+        for raw in self.client.scan_iter(match=f"{self.prefix}:{{*}}:*", count=500):
+            name = _s(raw)
+            if not name.endswith(("}:lock", "}:run")):
+                continue
+            key = name[len(head) : name.rindex("}")]
+            if key in seen:
+                continue
+            seen.add(key)
+            info = self.run(Inspect(key))
+            if info is not None:
+                found.append(info)
+                if len(found) >= op.limit:
+                    break
+        return found
+
+
+def _parse_claim(r: Sequence[Any]) -> ClaimReply:
+    handoff = None
+    if len(r) > 4 and r[4]:
+        handoff = Handoff(_s(r[4]), None if len(r) < 6 or r[5] is None else _s(r[5]))
+    outcome = cast(Any, _s(r[0]))
+    return ClaimReply(outcome, int(r[1] or 0), int(r[2] or 0), _s(r[3] or ""), handoff)
+
+
+def _parse_finish(r: Sequence[Any]) -> FinishReply:
+    outcome = _s(r[0])
+    if outcome == "stale":
+        return FinishReply(False, None, stale=True)
+    handoff = None
+    if r[1]:
+        handoff = Handoff(_s(r[1]), None if len(r) < 3 or r[2] is None else _s(r[2]))
+    return FinishReply(outcome == "released", handoff)
+
+
+def _parse_info(key: str, r: Sequence[Any]) -> LockInfo | None:
+    job, state, fence, dups, confirmed, pttl, run_job, run_pttl = r
+    run_holder = _s(run_job) if run_job else None
+    if not job:
+        if run_holder is None:
+            return None
+        return LockInfo(key, run_holder, "running", 0, 0, int(run_pttl), True, run_holder)
+    return LockInfo(
+        key,
+        _s(job),
+        _STATES[_s(state)],
+        int(fence),
+        int(dups),
+        int(pttl),
+        _s(confirmed) == "1",
+        run_holder,
+    )

@@ -1,0 +1,196 @@
+"""Deduplicator decisions as an adapter sees them, on the in-memory store and on Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from harness import FakeClock
+from taskdedup import (
+    ConfigError,
+    Deduplicator,
+    DuplicateJob,
+    MemoryStore,
+    Policy,
+    Settings,
+    StoreUnavailable,
+)
+from taskdedup.stores.base import Op, Store
+
+
+def send_email(user_id: int, template: str = "welcome") -> None: ...
+
+
+def make(strategy: str = "until_executed", **kw: Any) -> Any:
+    return Policy(strategy=strategy, **kw).bind("mail.send", send_email)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def dedup() -> Deduplicator:
+    return Deduplicator(MemoryStore(clock=FakeClock()), Settings(grace=3600))
+
+
+def test_a_duplicate_gets_the_holders_job_and_equal_calls_share_a_key(dedup: Deduplicator) -> None:
+    tp = make()
+    first = dedup.enqueue(tp, (42,), job_id="job-1")
+    assert first.acquired and first.should_publish and not first.deduplicated
+    for args, kwargs in [((42,), {}), ((), {"user_id": 42}), ((42, "welcome"), {})]:
+        dup = dedup.enqueue(tp, args, kwargs, job_id="job-2")
+        assert dup.deduplicated and dup.job_id == "job-1" and dup.key == first.key
+    assert dedup.enqueue(tp, (43,), job_id="job-3").acquired
+
+
+def test_on_conflict_raise_carries_the_holders_id(dedup: Deduplicator) -> None:
+    tp = make(on_conflict="raise")
+    dedup.enqueue(tp, (1,), job_id="job-1")
+    with pytest.raises(DuplicateJob) as err:
+        dedup.enqueue(tp, (1,), job_id="job-2")
+    assert err.value.job_id == "job-1" and "mail.send" in str(err.value)
+
+
+def test_lifecycle_until_executed(dedup: Deduplicator) -> None:
+    tp = make()
+    t = dedup.enqueue(tp, (1,), job_id="A")
+    assert t.key is not None
+    run = dedup.claim(tp, "A", key=t.key)
+    assert run.should_run and run.fence == t.fence and run.lease is not None
+    assert dedup.enqueue(tp, (1,)).deduplicated
+    again = dedup.claim(tp, "A", key=t.key)  # a redelivery while it runs
+    assert again.outcome == "running" and not again.should_run
+    assert dedup.heartbeat([run.lease]) == (True,)
+    assert dedup.finish(tp, t.key, "A").released
+    assert dedup.claim(tp, "A", args=(1,)).outcome == "done"  # key recomputed from args
+    assert dedup.enqueue(tp, (1,)).acquired
+
+
+def test_reschedule_once_hands_off_with_the_latest_payload(dedup: Deduplicator) -> None:
+    tp = make(on_conflict="reschedule_once")
+    t = dedup.enqueue(tp, (1,), job_id="A", payload="first")
+    assert t.key is not None
+    dedup.claim(tp, "A", key=t.key)
+    dedup.enqueue(tp, (1,), payload="second")
+    dedup.enqueue(tp, (1,), payload="third")
+    done = dedup.finish(tp, t.key, "A")
+    assert done.handoff is not None and done.handoff.payload == "third"
+    assert dedup.enqueue(tp, (1,)).job_id == done.handoff.job_id
+
+
+def test_scheduled_jobs_are_deduplicated_only_when_asked(dedup: Deduplicator) -> None:
+    plain, scheduled = make(), make(including_scheduled=True)
+    assert dedup.enqueue(plain, (1,), delay=60).outcome == "skipped"
+    assert dedup.enqueue(plain, (1,), delay=60).outcome == "skipped"
+    first = dedup.enqueue(scheduled, (2,), delay=60, job_id="A")
+    assert first.acquired
+    assert dedup.enqueue(scheduled, (2,), delay=60).job_id == "A"
+
+
+def test_kill_switch_disabled_tasks_and_dry_run() -> None:
+    tp = make()
+    off = Deduplicator(MemoryStore(), Settings(enabled=False))
+    assert off.enqueue(tp, (1,)).outcome == off.enqueue(tp, (1,)).outcome == "skipped"
+    some = Deduplicator(MemoryStore(), Settings(disabled_tasks=frozenset({"mail.send"})))
+    assert some.enqueue(tp, (1,)).should_publish and some.enqueue(tp, (1,)).should_publish
+    dry = Deduplicator(MemoryStore(), Settings(dry_run=True))
+    a = dry.enqueue(make(on_conflict="raise"), (1,), job_id="A")
+    b = dry.enqueue(make(on_conflict="raise"), (1,), job_id="B")
+    assert a.acquired and b.outcome == "duplicate" and b.should_publish and b.job_id == "B"
+    assert dry.stats["enqueue.would_deduplicate"] == 1
+    assert a.key is not None
+    dry.claim(tp, "A", key=a.key)
+    assert dry.claim(tp, "A", key=a.key).should_run  # dry run skips nothing
+
+
+class DownStore(Store):
+    prefix = "down"
+
+    def run(self, op: Op[Any]) -> Any:
+        raise StoreUnavailable("connection refused")
+
+    async def arun(self, op: Op[Any]) -> Any:
+        raise StoreUnavailable("connection refused")
+
+
+def test_store_outage_follows_on_store_error(caplog: pytest.LogCaptureFixture) -> None:
+    tp = make()
+    lenient = Deduplicator(DownStore())
+    with caplog.at_level(logging.WARNING, logger="taskdedup"):
+        t = lenient.enqueue(tp, (1,))
+    assert t.outcome == "store_unavailable" and t.should_publish
+    assert "store_unavailable" in caplog.text and "mail.send" in caplog.text
+    assert lenient.claim(tp, "A", args=(1,)).should_run
+    strict = Deduplicator(DownStore(), Settings(on_store_error="raise"))
+    with pytest.raises(StoreUnavailable):
+        strict.enqueue(tp, (1,))
+
+
+def test_failed_publish_releases_the_lock(dedup: Deduplicator) -> None:
+    tp = make()
+    t = dedup.enqueue(tp, (1,), job_id="A")
+    assert dedup.publish_failed(t)
+    assert dedup.enqueue(tp, (1,), job_id="B").acquired
+
+
+def test_one_log_line_per_decision(dedup: Deduplicator, caplog: pytest.LogCaptureFixture) -> None:
+    tp = make()
+    with caplog.at_level(logging.DEBUG, logger="taskdedup"):
+        t = dedup.enqueue(tp, (1,), job_id="A")
+        dedup.enqueue(tp, (1,), job_id="B")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "acquired mail.send" in lines[0] and f"key={t.key}" in lines[0]
+    assert "duplicate mail.send" in lines[1] and "holder=A" in lines[1]
+    assert dedup.stats["enqueue.acquired"] == 1 and dedup.stats["enqueue.duplicate"] == 1
+
+
+def test_async_callers_share_the_logic(dedup: Deduplicator) -> None:
+    tp = make()
+
+    async def scenario() -> None:
+        t = await dedup.aenqueue(tp, (7,), job_id="A")
+        assert t.acquired and t.key is not None
+        assert (await dedup.aenqueue(tp, (7,))).job_id == "A"
+        run = await dedup.aclaim(tp, "A", key=t.key)
+        assert run.should_run and run.lease is not None
+        assert await dedup.aheartbeat([run.lease]) == (True,)
+        assert await dedup.aretry(tp, t.key, "A")
+        assert (await dedup.aclaim(tp, "A", key=t.key, attempt=1)).should_run
+        assert (await dedup.afinish(tp, t.key, "A")).released
+
+    asyncio.run(scenario())
+
+
+def test_grace_is_confirmed_in_the_background(redis_url: str, key_prefix: str) -> None:
+    from taskdedup import RedisStore
+
+    store = RedisStore.from_url(redis_url, prefix=key_prefix)
+    dedup = Deduplicator(store, Settings(grace=30, key_prefix=key_prefix))
+    tp = make(ttl=3600)
+    t = dedup.enqueue(tp, (1,), job_id="A")
+    assert t.confirm and t.key is not None
+    from taskdedup.stores.base import Inspect
+
+    info = store.run(Inspect(t.key))
+    assert info is not None and not info.confirmed and info.ttl_ms <= 30_000
+    dedup.published(t)
+    dedup.close()  # flushes pending confirmations
+    info = store.run(Inspect(t.key))
+    assert info is not None and info.confirmed and info.ttl_ms > 3_000_000
+
+
+def test_bad_policies_are_refused_when_the_task_is_defined() -> None:
+    for bad in [
+        {"strategy": "until_done"},
+        {"on_conflict": "ignore"},
+        {"ttl": 0},
+        {"lease": -1},
+        {"keys": ["user_id"], "key": lambda user_id: user_id},
+        {"strategy": "until_expired", "on_conflict": "reschedule_once"},
+        {"max_attempts": 0},
+    ]:
+        with pytest.raises(ConfigError):
+            Policy(**bad).bind("mail.send", send_email)
+    with pytest.raises(ConfigError, match="'user'.*user_id, template"):
+        Policy(keys=["user"]).bind("mail.send", send_email)

@@ -1,0 +1,319 @@
+"""The store contract: every arrow and every expiry of the lock diagram, on both stores.
+
+After each scenario every record under the test's prefix must have a TTL (G9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from harness import Harness, MemoryHarness, RedisHarness
+from taskdedup.stores.base import (
+    Acquire,
+    Claim,
+    Confirm,
+    Finish,
+    ForceUnlock,
+    Heartbeat,
+    Inspect,
+    Lease,
+    Release,
+    Retry,
+    Scan,
+)
+
+HOUR = 3_600_000
+
+
+@pytest.fixture(params=["memory", "redis"])
+def h(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[Harness]:
+    harness: Harness
+    if request.param == "memory":
+        harness = MemoryHarness(key_prefix)
+    else:
+        harness = RedisHarness(request.getfixturevalue("redis_url"), key_prefix)
+    yield harness
+    ttls = harness.record_ttls()
+    assert ttls, "the scenario wrote nothing?"
+    forever = [name for name, ttl in ttls.items() if ttl is None]
+    assert not forever, f"G9: records without expiry: {forever}"
+    if isinstance(harness, RedisHarness):
+        harness.close()
+
+
+def new_key() -> str:
+    return uuid.uuid4().hex
+
+
+def claim(key: str, job: str, mode: str = "hold", **kw: object) -> Claim:
+    args: dict[str, object] = {
+        "owner": "w1",
+        "lease_ms": 30_000,
+        "ttl_ms": HOUR,
+        "lock": mode,
+        "run_lock": False,
+        "memory_ms": HOUR,
+    }
+    args.update(kw)
+    return Claim(key, job, **args)  # type: ignore[arg-type]
+
+
+def acquire(key: str, job: str, ttl_ms: int = HOUR, **kw: object) -> Acquire:
+    return Acquire(key, job, ttl_ms, kw.pop("grace_ms", ttl_ms), **kw)  # type: ignore[arg-type]
+
+
+def test_acquire_then_duplicates_learn_the_holder(h: Harness) -> None:
+    k = new_key()
+    first = h.store.run(acquire(k, "A"))
+    assert first.acquired and first.holder == "A" and first.fence > 0
+    dup = h.store.run(acquire(k, "B"))
+    assert not dup.acquired and dup.holder == "A" and dup.fence == first.fence
+    assert h.store.run(acquire(k, "C")).duplicates == 2
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "A" and info.state == "queued"
+    assert info.duplicates == 2
+
+
+def test_hold_while_running_then_release_on_finish(h: Harness) -> None:
+    k = new_key()
+    fence = h.store.run(acquire(k, "A")).fence
+    got = h.store.run(claim(k, "A", "hold", lease_ms=5_000))
+    assert got.outcome == "run" and got.fence == fence and got.attempts == 1
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.state == "running" and info.ttl_ms <= 5_000
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    done = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    assert done.released and done.handoff is None
+    assert h.store.run(Inspect(k)) is None
+    assert h.store.run(acquire(k, "C")).acquired
+
+
+def test_until_executing_releases_at_start(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    assert h.store.run(claim(k, "A", "release")).outcome == "run"
+    assert h.store.run(Inspect(k)) is None
+    assert h.store.run(acquire(k, "B")).acquired
+
+
+def test_heartbeat_keeps_a_running_lock_past_its_lease(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", "hold", lease_ms=600))
+    for _ in range(4):
+        h.hold_for(0.3)
+        assert h.store.run(Heartbeat((Lease(k, "A", 600),))) == (True,)
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    # G4: heartbeats stop (the worker died): the key is free after the lease, not the ttl
+    h.after(0.6, lambda: h.store.run(acquire(k, "C")).acquired)
+
+
+def test_lapsed_lease_lets_the_same_job_take_over_up_to_max_attempts(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    assert h.store.run(claim(k, "A", lease_ms=300, max_attempts=2)).attempts == 1
+    # a redelivered copy while the holder is alive does not run beside it (G7)
+    live = h.store.run(claim(k, "A", lease_ms=300, owner="w2", max_attempts=2))
+    assert live.outcome == "running" and live.holder == "w1"
+    second = h.after(
+        0.3, lambda: (r if (r := h.store.run(claim(k, "A", lease_ms=300, owner="w2",
+                                                     max_attempts=2))).outcome == "run" else None)
+    )
+    assert second.attempts == 2 and second.holder == "w2"
+    third = h.after(
+        0.3, lambda: (r if (r := h.store.run(claim(k, "A", lease_ms=300, owner="w3",
+                                                     max_attempts=2))).outcome != "running"
+                      else None)
+    )
+    assert third.outcome == "exhausted"
+    assert h.store.run(claim(k, "A", owner="w4")).outcome == "done"
+
+
+def test_redelivery_of_a_finished_job_does_not_run_again(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", "release"))
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    again = h.store.run(claim(k, "A", "release", owner="w2"))
+    assert again.outcome == "done"
+
+
+def test_retry_keeps_the_lock_and_is_not_a_duplicate_of_itself(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", attempt=0))
+    assert h.store.run(Retry(k, "A", HOUR, attempt=0)) is True
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "A" and info.state == "queued"
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    again = h.store.run(claim(k, "A", attempt=1))
+    assert again.outcome == "run" and again.attempts == 2
+
+
+def test_a_retry_that_starts_before_the_first_attempts_hooks_keeps_its_lock(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", attempt=0))
+    # the retried message is delivered while attempt 0 is still recorded as running
+    assert h.store.run(claim(k, "A", attempt=1, owner="w2")).outcome == "run"
+    # attempt 0's late hooks change nothing
+    assert h.store.run(Retry(k, "A", HOUR, attempt=0)) is False
+    assert h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=0)).stale
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.state == "running" and info.job_id == "A"
+    assert h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1)).released
+
+
+def test_reschedule_once_hands_the_lock_to_one_new_job_with_the_latest_payload(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A"))
+    h.store.run(acquire(k, "B", payload="args-1"))
+    h.store.run(acquire(k, "C", payload="args-2"))
+    done = h.store.run(
+        Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="N", ttl_ms=HOUR,
+               grace_ms=HOUR)
+    )
+    assert done.released and done.handoff is not None
+    assert (done.handoff.job_id, done.handoff.payload) == ("N", "args-2")
+    info = h.store.run(Inspect(k))
+    assert info is not None and (info.job_id, info.state, info.duplicates) == ("N", "queued", 0)
+    # the rescheduled job ends with no duplicates: released, no second hand-off
+    h.store.run(claim(k, "N"))
+    last = h.store.run(Finish(k, "N", throttle=False, memory_ms=HOUR, handoff_job_id="M"))
+    assert last.released and last.handoff is None
+    assert h.store.run(Inspect(k)) is None
+
+
+def test_reschedule_owed_at_start_is_handed_off_by_the_claim(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(acquire(k, "B", payload="p"))
+    got = h.store.run(claim(k, "A", "release", handoff_job_id="N"))
+    assert got.outcome == "run" and got.handoff is not None and got.handoff.job_id == "N"
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "N"
+
+
+def test_until_expired_throttles_until_the_ttl(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A", ttl_ms=800))
+    h.store.run(claim(k, "A", ttl_ms=800))
+    assert h.store.run(Finish(k, "A", throttle=True, memory_ms=HOUR)).released
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.state == "throttled"
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    h.after(0.8, lambda: h.store.run(acquire(k, "C")).acquired)
+
+
+def test_queued_lock_expires_after_its_ttl(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A", ttl_ms=400))
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    h.after(0.4, lambda: h.store.run(acquire(k, "C")).acquired)
+
+
+def test_unconfirmed_lock_lives_only_its_grace_and_a_confirmed_one_its_ttl(h: Harness) -> None:
+    dead, ok = new_key(), new_key()
+    h.store.run(acquire(dead, "A", ttl_ms=HOUR, grace_ms=400))
+    h.store.run(acquire(ok, "B", ttl_ms=HOUR, grace_ms=400))
+    assert h.store.run(Confirm(((ok, "B"), (dead, "not-the-holder")))) == 1
+    info = h.store.run(Inspect(ok))
+    assert info is not None and info.confirmed and info.ttl_ms > 60_000
+    h.after(0.4, lambda: h.store.run(acquire(dead, "C")).acquired)
+    assert h.store.run(acquire(ok, "D")).holder == "B"
+
+
+def test_while_executing_runs_one_job_of_a_key_at_a_time(h: Harness) -> None:
+    k = new_key()
+    assert h.store.run(claim(k, "A", "none", run_lock=True)).outcome == "run"
+    busy = h.store.run(claim(k, "B", "none", run_lock=True))
+    assert busy.outcome == "busy" and busy.holder == "A"
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    assert h.store.run(claim(k, "B", "none", run_lock=True)).outcome == "run"
+
+
+def test_until_and_while_executing_frees_enqueue_but_not_running(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    assert h.store.run(claim(k, "A", "release", run_lock=True)).outcome == "run"
+    assert h.store.run(acquire(k, "B")).acquired
+    assert h.store.run(claim(k, "B", "release", run_lock=True)).outcome == "busy"
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    assert h.store.run(claim(k, "B", "release", run_lock=True)).outcome == "run"
+
+
+def test_run_lock_is_freed_after_its_lease_when_the_worker_dies(h: Harness) -> None:
+    k = new_key()
+    h.store.run(claim(k, "A", "none", run_lock=True, lease_ms=300))
+    h.after(0.3, lambda: h.store.run(claim(k, "B", "none", run_lock=True)).outcome == "run")
+
+
+def test_only_the_holder_can_extend_release_or_hand_off(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", lease_ms=5_000))
+    h.store.run(acquire(k, "X", payload="p"))
+    assert h.store.run(Release(k, "B")) is False
+    assert h.store.run(Heartbeat((Lease(k, "B", 60_000),))) == (False,)
+    assert h.store.run(Retry(k, "B", HOUR)) is False
+    not_ours = h.store.run(Finish(k, "B", throttle=False, memory_ms=HOUR, handoff_job_id="N"))
+    assert not not_ours.released and not_ours.handoff is None
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "A" and info.state == "running"
+    assert info.ttl_ms <= 5_000
+    assert h.store.run(Release(k, "A")) is True
+    assert h.store.run(Inspect(k)) is None
+
+
+def test_fencing_tokens_strictly_increase_over_1000_acquisitions(h: Harness) -> None:
+    k = new_key()
+    last = 0
+    for i in range(1000):
+        got = h.store.run(acquire(k, f"J{i}"))
+        assert got.acquired and got.fence > last
+        last = got.fence
+        if i % 2:
+            h.store.run(Release(k, f"J{i}"))
+        else:  # hand-offs draw tokens from the same counter
+            h.store.run(claim(k, f"J{i}"))
+            h.store.run(Finish(k, f"J{i}", throttle=False, memory_ms=1000))
+
+
+def test_the_running_job_reads_its_fencing_token(h: Harness) -> None:
+    k = new_key()
+    fence = h.store.run(acquire(k, "A")).fence
+    assert h.store.run(claim(k, "A", "release")).fence == fence
+    unlocked = h.store.run(claim(k, "Z", "hold"))  # no enqueue lock: a fresh token
+    assert unlocked.fence > fence
+
+
+def test_scan_inspect_and_force_unlock(h: Harness) -> None:
+    keys = [new_key() for _ in range(3)]
+    for i, k in enumerate(keys):
+        h.store.run(acquire(k, f"J{i}"))
+    found = {info.key: info.job_id for info in h.store.run(Scan())}
+    assert {k: found.get(k) for k in keys} == {k: f"J{i}" for i, k in enumerate(keys)}
+    assert h.store.run(ForceUnlock(keys[0])) is True
+    assert h.store.run(Inspect(keys[0])) is None
+    assert h.store.run(ForceUnlock(keys[0])) is False
+    assert h.store.run(acquire(keys[0], "new")).acquired
+
+
+def test_async_entry_point_gives_the_same_answers(h: Harness) -> None:
+    k = new_key()
+
+    async def scenario() -> None:
+        assert (await h.store.arun(acquire(k, "A"))).acquired
+        assert (await h.store.arun(acquire(k, "B"))).holder == "A"
+        assert (await h.store.arun(claim(k, "A", lease_ms=5_000))).outcome == "run"
+        assert await h.store.arun(Heartbeat((Lease(k, "A", 5_000),))) == (True,)
+        assert (await h.store.arun(Finish(k, "A", throttle=False, memory_ms=HOUR))).released
+        assert await h.store.arun(Confirm(())) == 0
+
+    asyncio.run(scenario())
+    assert h.store.run(acquire(k, "C")).acquired

@@ -192,5 +192,5 @@ def test_bad_policies_are_refused_when_the_task_is_defined() -> None:
     ]:
         with pytest.raises(ConfigError):
             Policy(**bad).bind("mail.send", send_email)
-    with pytest.raises(ConfigError, match="'user'.*user_id, template"):
+    with pytest.raises(ConfigError, match=r"'user'.*user_id, template"):
         Policy(keys=["user"]).bind("mail.send", send_email)

@@ -120,14 +120,23 @@ def test_lapsed_lease_lets_the_same_job_take_over_up_to_max_attempts(h: Harness)
     live = h.store.run(claim(k, "A", lease_ms=300, owner="w2", max_attempts=2))
     assert live.outcome == "running" and live.holder == "w1"
     second = h.after(
-        0.3, lambda: (r if (r := h.store.run(claim(k, "A", lease_ms=300, owner="w2",
-                                                     max_attempts=2))).outcome == "run" else None)
+        0.3,
+        lambda: (
+            r
+            if (r := h.store.run(claim(k, "A", lease_ms=300, owner="w2", max_attempts=2))).outcome
+            == "run"
+            else None
+        ),
     )
     assert second.attempts == 2 and second.holder == "w2"
     third = h.after(
-        0.3, lambda: (r if (r := h.store.run(claim(k, "A", lease_ms=300, owner="w3",
-                                                     max_attempts=2))).outcome != "running"
-                      else None)
+        0.3,
+        lambda: (
+            r
+            if (r := h.store.run(claim(k, "A", lease_ms=300, owner="w3", max_attempts=2))).outcome
+            != "running"
+            else None
+        ),
     )
     assert third.outcome == "exhausted"
     assert h.store.run(claim(k, "A", owner="w4")).outcome == "done"
@@ -175,8 +184,9 @@ def test_reschedule_once_hands_the_lock_to_one_new_job_with_the_latest_payload(h
     h.store.run(acquire(k, "B", payload="args-1"))
     h.store.run(acquire(k, "C", payload="args-2"))
     done = h.store.run(
-        Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="N", ttl_ms=HOUR,
-               grace_ms=HOUR)
+        Finish(
+            k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="N", ttl_ms=HOUR, grace_ms=HOUR
+        )
     )
     assert done.released and done.handoff is not None
     assert (done.handoff.job_id, done.handoff.payload) == ("N", "args-2")

@@ -373,11 +373,13 @@ class Deduplicator:
 
     def _plan_heartbeat(self, batch: tuple[Lease, ...]) -> _Step[tuple[bool, ...] | None]:
         def done(reply: tuple[bool, ...]) -> tuple[bool, ...]:
-            for lease, alive in zip(batch, reply, strict=True):
-                if not alive:
-                    self._note(
-                        "heartbeat", "lost", logging.WARNING, "?", key=lease.key, job=lease.job_id
-                    )
+            lost = [lease for lease, alive in zip(batch, reply, strict=True) if not alive]
+            with self._stats_lock:
+                self.stats["heartbeat.renewed"] += len(batch) - len(lost)
+            for lease in lost:  # the job runs on, but its lock is gone: say so loudly
+                self._note(
+                    "heartbeat", "lost", logging.WARNING, "?", key=lease.key, job=lease.job_id
+                )
             return reply
 
         def failed(exc: StoreUnavailable) -> None:

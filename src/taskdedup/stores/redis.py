@@ -17,6 +17,8 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 import redis.exceptions
 
 from ..errors import ConfigError, StoreUnavailable
@@ -331,15 +333,31 @@ class RedisStore(Store):
             lock, run = self._names(op.key, "lock", "run")
             return bool(self.client.delete(lock) + self.client.delete(run))
         calls, combine = self._batch(op)
+        results: list[Any] = [None] * len(calls)
+        for client, indexes in self._by_node(calls):
+            pipe = client.pipeline(transaction=False)
+            for i in indexes:
+                self._script(calls[i].script)(keys=calls[i].keys, args=calls[i].args, client=pipe)
+            for i, raw in zip(indexes, pipe.execute(), strict=True):
+                results[i] = calls[i].parse(raw)
+        return combine(results)
+
+    def _by_node(self, calls: list[_Call]) -> list[tuple[Any, list[int]]]:
+        """Group a batch by the server that owns each key: one pipeline per Cluster node
+        (a cluster pipeline refuses scripts), a single pipeline elsewhere."""
         if not calls:
-            return combine([])
-        pipe = self.client.pipeline(transaction=False)
-        for call in calls:
-            self._script(call.script)(keys=call.keys, args=call.args, client=pipe)
-        return combine([c.parse(r) for c, r in zip(calls, pipe.execute(), strict=True)])
+            return []
+        if not isinstance(self.client, redis.cluster.RedisCluster):
+            return [(self.client, list(range(len(calls))))]
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, call in enumerate(calls):
+            node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call]
+            groups.setdefault(node.name, (node.redis_connection, []))[1].append(i)
+        return list(groups.values())
 
     async def _arun_special(self, op: Op[Any]) -> Any:
-        if isinstance(op, Scan | ForceUnlock):
+        cluster = isinstance(self.async_client, redis.asyncio.cluster.RedisCluster)
+        if isinstance(op, Scan | ForceUnlock) or cluster:
             return await asyncio.to_thread(self._run_special, op)
         calls, combine = self._batch(op)
         if not calls:

@@ -1,0 +1,60 @@
+# Developer entry points. `make test` is what CI runs (via .ci/run).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
+PYTEST_ARGS ?=
+# Only the directories that exist: examples/ and benchmarks/ may not yet.
+LINT_DIRS := $(wildcard src tests examples benchmarks)
+
+.PHONY: venv test lint type demo bench format clean distclean
+
+venv: $(STAMP)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Re-install only when pyproject.toml is newer than the stamp.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[test,celery,taskiq]'
+	touch $@
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -e '.[bench,test,celery,taskiq]'
+	touch $@
+
+lint: venv
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(LINT_DIRS)
+
+type: venv
+	$(BIN)/mypy src
+
+# pytest exits 5 when it collected no tests: that is a broken suite, not a pass.
+test: venv
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(LINT_DIRS)
+	$(BIN)/mypy src
+	@status=0; $(BIN)/pytest $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests; failing" >&2; fi; \
+	exit $$status
+
+demo: venv
+	$(BIN)/python examples/quickstart.py
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m benchmarks
+
+format: venv
+	$(BIN)/ruff check --fix $(LINT_DIRS)
+	$(BIN)/ruff format $(LINT_DIRS)
+
+clean:
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis .tox
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
+		| xargs -0 rm -rf
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""taskdedup benchmarks: ``make bench`` (``python -m benchmarks``)."""

@@ -1,0 +1,189 @@
+"""G1 (atomic), G2 (one round trip), G4 (crash-safe at core level) against real stores."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import redis
+
+from harness import FakeClock
+from taskdedup import Deduplicator, Heartbeat, MemoryStore, Policy, RedisStore, Settings, Ticket
+from taskdedup.stores.base import Store
+
+
+def build(user_id: int) -> None: ...
+
+
+BUILD = Policy("until_executed").bind("ci.build", build)
+
+
+def race(n: int, enqueue: Callable[[int], Ticket]) -> list[Ticket]:
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> Ticket:
+        barrier.wait()
+        return enqueue(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+def test_g1_64_threads_enqueue_one_key_and_exactly_one_acquires(
+    store_kind: str, request: pytest.FixtureRequest, key_prefix: str
+) -> None:
+    store: Store
+    if store_kind == "memory":
+        store = MemoryStore(prefix=key_prefix)
+    else:
+        store = RedisStore.from_url(request.getfixturevalue("redis_url"), prefix=key_prefix)
+    dedup = Deduplicator(store)
+    tickets = race(64, lambda i: dedup.enqueue(BUILD, (7,), job_id=f"job-{i}"))
+    winners = [t for t in tickets if t.acquired]
+    assert len(winners) == 1
+    assert {t.job_id for t in tickets} == {winners[0].job_id}
+    assert sum(t.deduplicated for t in tickets) == 63
+
+
+def _enqueue_in_process(url: str, prefix: str, i: int, barrier: Any, out: Any) -> None:
+    dedup = Deduplicator(RedisStore.from_url(url, prefix=prefix))
+    barrier.wait()
+    ticket = dedup.enqueue(BUILD, (7,), job_id=f"proc-{i}")
+    out.put((ticket.acquired, ticket.job_id))
+
+
+def test_g1_8_processes_enqueue_one_key_and_exactly_one_acquires(
+    redis_url: str, key_prefix: str
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(8), ctx.Queue()
+    procs = [
+        ctx.Process(target=_enqueue_in_process, args=(redis_url, key_prefix, i, barrier, out))
+        for i in range(8)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert sum(acquired for acquired, _ in results) == 1
+    holder = next(job for acquired, job in results if acquired)
+    assert {job for _, job in results} == {holder}
+
+
+def commandstats(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def test_g2_acquire_claim_and_finish_are_one_command_each(private_redis_url: str) -> None:
+    client = redis.Redis.from_url(private_redis_url)
+    store = RedisStore(client, prefix="g2")
+    dedup = Deduplicator(store)
+    warm = dedup.enqueue(BUILD, (0,), job_id="warm")  # loads the scripts
+    assert warm.key is not None
+    dedup.finish(BUILD, warm.key, "warm")
+    dedup.claim(BUILD, "warm", key=warm.key)
+    dedup.release(warm.key, "warm")
+
+    def sent_by(action: Callable[[], Any]) -> dict[str, int]:
+        before = commandstats(client)
+        action()
+        after = commandstats(client)
+        delta = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        delta.pop("info", None)
+        return delta
+
+    ticket: list[Ticket] = []
+    assert sent_by(lambda: ticket.append(dedup.enqueue(BUILD, (1,), job_id="A"))) == {"evalsha": 1}
+    key = ticket[0].key
+    assert key is not None
+    assert sent_by(lambda: dedup.enqueue(BUILD, (1,), job_id="B")) == {"evalsha": 1}
+    assert sent_by(lambda: dedup.claim(BUILD, "A", key=key)) == {"evalsha": 1}
+    assert sent_by(lambda: dedup.finish(BUILD, key, "A")) == {"evalsha": 1}
+    client.close()
+
+
+def test_g2_scripts_reload_after_the_server_forgets_them(private_redis_url: str) -> None:
+    client = redis.Redis.from_url(private_redis_url)
+    dedup = Deduplicator(RedisStore(client, prefix="noscript"))
+    assert dedup.enqueue(BUILD, (1,), job_id="A").acquired
+    client.script_flush()
+    assert dedup.enqueue(BUILD, (1,), job_id="B").job_id == "A"
+    client.close()
+
+
+def test_g4_core_heartbeat_keeps_a_job_and_a_dead_one_frees_its_key_after_the_lease(
+    redis_url: str, key_prefix: str
+) -> None:
+    policy = Policy("until_executed", lease=0.6).bind("ci.build", build)
+    dedup = Deduplicator(RedisStore.from_url(redis_url, prefix=key_prefix))
+    alive = dedup.enqueue(policy, (1,), job_id="alive")
+    dead = dedup.enqueue(policy, (2,), job_id="dead")
+    assert alive.key and dead.key
+    run = dedup.claim(policy, "alive", key=alive.key)
+    dedup.claim(policy, "dead", key=dead.key)  # its worker dies: nobody renews it
+    beat = Heartbeat(dedup)
+    assert run.lease is not None
+    beat.add(run.lease)
+    try:
+        deadline = time.monotonic() + 5.6  # lease + 5 s
+        while not dedup.enqueue(policy, (2,), job_id="next").acquired:
+            assert time.monotonic() < deadline, "a dead worker's key was not freed in time"
+            time.sleep(0.05)
+        time.sleep(1.2)  # two leases' worth: the live job must still hold its key
+        assert dedup.enqueue(policy, (1,), job_id="other").job_id == "alive"
+    finally:
+        beat.stop()
+    assert beat._thread is None
+
+
+def test_g4_core_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    dedup = Deduplicator(MemoryStore(clock=clock))
+    policy = Policy("until_executed", lease=30).bind("ci.build", build)
+    t = dedup.enqueue(policy, (1,), job_id="A")
+    assert t.key is not None
+    dedup.claim(policy, "A", key=t.key)
+    clock.advance(29)
+    assert dedup.enqueue(policy, (1,)).job_id == "A"
+    clock.advance(1.01)
+    assert dedup.enqueue(policy, (1,), job_id="B").acquired
+    assert dedup.claim(policy, "A", key=t.key).attempts == 2  # the dead job may take over
+
+
+def test_async_heartbeat_renews_and_stops_cleanly() -> None:
+    import asyncio
+
+    from taskdedup import AsyncHeartbeat
+
+    clock = FakeClock()
+    dedup = Deduplicator(MemoryStore(clock=clock), Settings(default_lease=0.3))
+    policy = Policy("until_executed", lease=0.3).bind("ci.build", build)
+
+    async def scenario() -> None:
+        t = await dedup.aenqueue(policy, (1,), job_id="A")
+        assert t.key is not None
+        run = await dedup.aclaim(policy, "A", key=t.key)
+        assert run.lease is not None
+        beat = AsyncHeartbeat(dedup)
+        beat.add(run.lease)
+        for _ in range(5):  # the fake clock moves a lease's worth; only beats keep the lock
+            clock.advance(0.2)
+            deadline = time.monotonic() + 5
+            before = dedup.stats["heartbeat.renewed"]
+            while dedup.stats["heartbeat.renewed"] == before:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+        assert (await dedup.aenqueue(policy, (1,))).job_id == "A"
+        await beat.stop()
+        assert beat._task is None
+
+    asyncio.run(scenario())

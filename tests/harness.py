@@ -12,17 +12,7 @@ from typing import Any
 
 from taskdedup.stores.base import Store
 from taskdedup.stores.memory import MemoryStore
-
-
-class FakeClock:
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from taskdedup.testing import FakeClock
 
 
 class Harness:

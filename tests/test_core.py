@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from harness import FakeClock
+from taskdedup.testing import FakeClock
 from taskdedup import (
     ConfigError,
     Deduplicator,

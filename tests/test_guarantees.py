@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import redis
 
-from harness import FakeClock
+from taskdedup.testing import FakeClock
 from taskdedup import Deduplicator, Heartbeat, MemoryStore, Policy, RedisStore, Settings, Ticket
-from taskdedup.stores.base import Store
+from taskdedup.stores.base import Confirm, Lease, Store
 
 
 def build(user_id: int) -> None: ...
@@ -78,37 +78,55 @@ def test_g1_8_processes_enqueue_one_key_and_exactly_one_acquires(
     assert {job for _, job in results} == {holder}
 
 
-def commandstats(client: redis.Redis) -> dict[str, int]:
-    stats = client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+class CountingConnection(redis.Connection):
+    """Counts what the client sends: one send is one round trip."""
+
+    sends = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        CountingConnection.sends += 1
+        super().send_packed_command(command, check_health)
+
+
+def evalsha_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 def test_g2_acquire_claim_and_finish_are_one_command_each(private_redis_url: str) -> None:
-    client = redis.Redis.from_url(private_redis_url)
-    store = RedisStore(client, prefix="g2")
-    dedup = Deduplicator(store)
+    client = redis.Redis.from_url(private_redis_url, connection_class=CountingConnection)
+    observer = redis.Redis.from_url(private_redis_url)
+    dedup = Deduplicator(RedisStore(client, prefix="g2"))
     warm = dedup.enqueue(BUILD, (0,), job_id="warm")  # loads the scripts
     assert warm.key is not None
     dedup.finish(BUILD, warm.key, "warm")
     dedup.claim(BUILD, "warm", key=warm.key)
     dedup.release(warm.key, "warm")
+    dedup.store.run(Confirm(((warm.key, "warm"),)))
+    dedup.heartbeat([Lease(warm.key, "warm", 1000)])
 
-    def sent_by(action: Callable[[], Any]) -> dict[str, int]:
-        before = commandstats(client)
+    def sent_by(action: Callable[[], Any]) -> tuple[int, int]:
+        """(round trips our client made, EVALSHA calls the server ran) for one action."""
+        sends, evals = CountingConnection.sends, evalsha_calls(observer)
         action()
-        after = commandstats(client)
-        delta = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
-        delta.pop("info", None)
-        return delta
+        return CountingConnection.sends - sends, evalsha_calls(observer) - evals
 
     ticket: list[Ticket] = []
-    assert sent_by(lambda: ticket.append(dedup.enqueue(BUILD, (1,), job_id="A"))) == {"evalsha": 1}
+    assert sent_by(lambda: ticket.append(dedup.enqueue(BUILD, (1,), job_id="A"))) == (1, 1)
     key = ticket[0].key
     assert key is not None
-    assert sent_by(lambda: dedup.enqueue(BUILD, (1,), job_id="B")) == {"evalsha": 1}
-    assert sent_by(lambda: dedup.claim(BUILD, "A", key=key)) == {"evalsha": 1}
-    assert sent_by(lambda: dedup.finish(BUILD, key, "A")) == {"evalsha": 1}
+    assert sent_by(lambda: dedup.enqueue(BUILD, (1,), job_id="B")) == (1, 1)
+    assert sent_by(lambda: dedup.claim(BUILD, "A", key=key)) == (1, 1)
+    assert sent_by(lambda: dedup.finish(BUILD, key, "A")) == (1, 1)
+    # work that can wait goes out as one batch: ten jobs' heartbeats or confirmations
+    dedup.confirmer.interval = 3600  # the test flushes by hand
+    tickets = [dedup.enqueue(BUILD, (n,), job_id=f"J{n}") for n in range(100, 110)]
+    for t in tickets:
+        dedup.published(t)
+    assert sent_by(dedup.confirmer.flush) == (1, 10)
+    leases = [dedup.claim(BUILD, t.job_id, key=t.key).lease for t in tickets if t.key]
+    assert sent_by(lambda: dedup.heartbeat(lease for lease in leases if lease)) == (1, 10)
     client.close()
+    observer.close()
 
 
 def test_g2_scripts_reload_after_the_server_forgets_them(private_redis_url: str) -> None:

@@ -10,6 +10,7 @@ single slot. Time is read from the Redis server inside the scripts.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, cast
@@ -56,6 +57,7 @@ def _load_scripts() -> dict[str, str]:
 
 
 _SOURCES = _load_scripts()
+_SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in _SOURCES.items()}
 
 
 def _s(value: Any) -> str:
@@ -335,12 +337,26 @@ class RedisStore(Store):
         calls, combine = self._batch(op)
         results: list[Any] = [None] * len(calls)
         for client, indexes in self._by_node(calls):
-            pipe = client.pipeline(transaction=False)
-            for i in indexes:
-                self._script(calls[i].script)(keys=calls[i].keys, args=calls[i].args, client=pipe)
-            for i, raw in zip(indexes, pipe.execute(), strict=True):
+            for i, raw in zip(indexes, self._pipeline(client, calls, indexes), strict=True):
                 results[i] = calls[i].parse(raw)
         return combine(results)
+
+    def _pipeline(self, client: Any, calls: list[_Call], indexes: list[int]) -> list[Any]:
+        """EVALSHA each call in one pipeline; load the scripts and resend once on NOSCRIPT
+        (redis-py's own script pipelining asks SCRIPT EXISTS first, every time)."""
+        for attempt in (1, 2):
+            pipe = client.pipeline(transaction=False)
+            for i in indexes:
+                call = calls[i]
+                pipe.evalsha(_SHAS[call.script], len(call.keys), *call.keys, *call.args)
+            try:
+                return list(pipe.execute())
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                for name in {calls[i].script for i in indexes}:
+                    client.script_load(_SOURCES[name])
+        raise AssertionError("unreachable")
 
     def _by_node(self, calls: list[_Call]) -> list[tuple[Any, list[int]]]:
         """Group a batch by the server that owns each key: one pipeline per Cluster node
@@ -362,11 +378,20 @@ class RedisStore(Store):
         calls, combine = self._batch(op)
         if not calls:
             return combine([])
-        pipe = self.async_client.pipeline(transaction=False)
-        for call in calls:
-            await self._async_script(call.script)(keys=call.keys, args=call.args, client=pipe)
-        results = await pipe.execute()
-        return combine([c.parse(r) for c, r in zip(calls, results, strict=True)])
+        indexes = list(range(len(calls)))
+        for attempt in (1, 2):
+            pipe = self.async_client.pipeline(transaction=False)
+            for call in calls:
+                pipe.evalsha(_SHAS[call.script], len(call.keys), *call.keys, *call.args)
+            try:
+                raws = await pipe.execute()
+                break
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                for name in {call.script for call in calls}:
+                    await self.async_client.script_load(_SOURCES[name])
+        return combine([calls[i].parse(raws[i]) for i in indexes])
 
     def _scan(self, op: Scan) -> list[LockInfo]:
         found: list[LockInfo] = []

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from taskdedup.testing import FakeClock
 from taskdedup import (
     ConfigError,
     Deduplicator,
@@ -19,6 +18,7 @@ from taskdedup import (
     StoreUnavailable,
 )
 from taskdedup.stores.base import Op, Store
+from taskdedup.testing import FakeClock
 
 
 def send_email(user_id: int, template: str = "welcome") -> None: ...

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import redis
 
-from taskdedup.testing import FakeClock
 from taskdedup import Deduplicator, Heartbeat, MemoryStore, Policy, RedisStore, Settings, Ticket
 from taskdedup.stores.base import Confirm, Lease, Store
+from taskdedup.testing import FakeClock
 
 
 def build(user_id: int) -> None: ...

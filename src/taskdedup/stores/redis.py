@@ -47,7 +47,15 @@ from .base import (
 
 SCRIPTS = ("acquire", "claim", "heartbeat", "retry", "finish", "release", "confirm", "inspect")
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
-_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+#: Errors that mean "the store cannot answer now" (G5), as opposed to a bug in a request.
+_UNAVAILABLE = (
+    redis.exceptions.ConnectionError,  # also BusyLoading, MasterNotFound (Sentinel)
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,  # a replica after failover
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    OSError,
+)
 
 
 def _load_scripts() -> dict[str, str]:
@@ -94,6 +102,7 @@ class RedisStore(Store):
         async_client: Any = None,
         prefix: str = "taskdedup",
         url: str | None = None,
+        client_options: dict[str, Any] | None = None,
     ) -> None:
         if client is None and async_client is None and url is None:
             raise ConfigError("RedisStore needs a client, an async_client or a url")
@@ -101,6 +110,7 @@ class RedisStore(Store):
             raise ConfigError(f"key_prefix must be non-empty and free of braces, not {prefix!r}")
         self.prefix = prefix
         self.url = url
+        self._options = client_options or {}
         self._client = client
         self._async_client = async_client
         self._scripts: dict[str, Any] = {}
@@ -124,11 +134,7 @@ class RedisStore(Store):
                 f"unsupported store url {url!r}: use redis://, rediss://, unix://, "
                 "redis+cluster:// or redis+sentinel://"
             )
-        store = cls(url=url, prefix=prefix)
-        store._options = options
-        return store
-
-    _options: dict[str, Any] = {}
+        return cls(url=url, prefix=prefix, client_options=options)
 
     # -- clients
 
@@ -179,12 +185,8 @@ class RedisStore(Store):
     def _async_script(self, name: str) -> Any:
         script = self._async_scripts.get(name)
         if script is None:
-            script = self._async_client_script(name)
-            self._async_scripts[name] = script
+            script = self._async_scripts[name] = self.async_client.register_script(_SOURCES[name])
         return script
-
-    def _async_client_script(self, name: str) -> Any:
-        return self.async_client.register_script(_SOURCES[name])
 
     # -- the protocol
 
@@ -332,8 +334,7 @@ class RedisStore(Store):
         if isinstance(op, Scan):
             return self._scan(op)
         if isinstance(op, ForceUnlock):
-            lock, run = self._names(op.key, "lock", "run")
-            return bool(self.client.delete(lock) + self.client.delete(run))
+            return bool(self.client.delete(*self._names(op.key, "lock", "run")))
         calls, combine = self._batch(op)
         results: list[Any] = [None] * len(calls)
         for client, indexes in self._by_node(calls):

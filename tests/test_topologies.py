@@ -98,7 +98,7 @@ def cluster(tmp_path: Path) -> Iterator[str]:
         per = 16384 // 3
         for i, c in enumerate(clients):
             last = 16383 if i == 2 else (i + 1) * per - 1
-            c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, last)
+            c.execute_command("CLUSTER", "ADDSLOTS", *range(i * per, last + 1))
         host, port = clients[0].connection_pool.connection_kwargs["host"], nodes[0].port
         for c in clients[1:]:
             c.execute_command("CLUSTER", "MEET", host, port)

@@ -327,3 +327,13 @@ def test_async_entry_point_gives_the_same_answers(h: Harness) -> None:
 
     asyncio.run(scenario())
     assert h.store.run(acquire(k, "C")).acquired
+
+
+def test_the_holder_acquiring_again_changes_nothing(h: Harness) -> None:
+    k = new_key()
+    first = h.store.run(acquire(k, "A", grace_ms=400))
+    h.store.run(acquire(k, "B"))
+    again = h.store.run(acquire(k, "A"))
+    assert again.acquired and again.fence == first.fence and again.duplicates == 1
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.duplicates == 1 and not info.confirmed

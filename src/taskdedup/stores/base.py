@@ -91,7 +91,11 @@ class LockInfo:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Acquire(Op[AcquireReply]):
-    """(none) -> QUEUED(job); QUEUED -> QUEUED, dups+1 (and the payload kept)."""
+    """(none) -> QUEUED(job); QUEUED -> QUEUED, dups+1 (and the payload kept).
+
+    The holder's own job id acquiring again (a hand-off being published, a publish retried
+    under the same id) is answered ``acquired`` and changes nothing.
+    """
 
     key: str
     job_id: str

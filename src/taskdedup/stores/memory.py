@@ -135,6 +135,8 @@ class MemoryStore(Store):
     def _acquire(self, op: Acquire, now: int) -> AcquireReply:
         name = self._name(op.key, "lock")
         lock = self._get(name, now)
+        if lock is not None and lock["j"] == op.job_id:  # the holder again: no change
+            return AcquireReply(True, op.job_id, lock["f"], lock["d"])
         if lock is not None:
             if op.record_duplicate:
                 lock["d"] += 1

@@ -1,6 +1,8 @@
 -- (none) -> QUEUED(job); QUEUED -> QUEUED with dups+1 and the latest payload kept.
+-- The holder acquiring again (a hand-off being published) changes nothing.
 -- KEYS: lock, fence   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), payload, has_payload
 local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd')
+if lock[1] == ARGV[1] then return {1, lock[1], lock[2], lock[3]} end  -- the holder again
 if lock[1] then
   local dups = lock[3]
   if ARGV[4] == '1' then

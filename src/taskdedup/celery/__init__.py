@@ -1,0 +1,17 @@
+"""taskdedup for Celery: ``install(app)`` once, then ``@deduplicate(...)`` per task.
+
+from taskdedup.celery import deduplicate, install
+
+install(app)
+
+@deduplicate("until_executed", ttl=600, keys=["user_id"])
+@app.task
+def rebuild(user_id, force=False): ...
+"""
+
+from __future__ import annotations
+
+from .integration import CeleryDedup, install, integration_for
+from .tasks import deduplicate, idempotent
+
+__all__ = ["CeleryDedup", "deduplicate", "idempotent", "install", "integration_for"]

@@ -1,0 +1,92 @@
+"""``install(app)``: one call that wires taskdedup into a Celery app, idempotently."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+from celery import signals
+
+from ..background import Heartbeat
+from ..core import Deduplicator
+from ..stores import Store
+from .config import settings_from_app, store_for_app
+from .publish import Publisher
+from .worker import Worker, on_revoked, wrap_task
+
+
+class CeleryDedup:
+    """taskdedup's state for one Celery app: settings, store, Deduplicator and hooks."""
+
+    def __init__(self, app: Any, store: Store | None, overrides: dict[str, Any]) -> None:
+        self.app = app
+        self.settings = settings_from_app(app, overrides)
+        self._store = store
+        self._dedup: Deduplicator | None = None
+        self._heartbeat: Heartbeat | None = None
+        self._heartbeat_pid = 0
+        self._mutex = threading.Lock()
+        self.worker = Worker(self)
+
+    @property
+    def dedup(self) -> Deduplicator:
+        """The Deduplicator, made on first use (so a bad URL fails where it is used)."""
+        if self._dedup is None:
+            with self._mutex:
+                if self._dedup is None:
+                    store = self._store or store_for_app(self.app, self.settings)
+                    self._dedup = Deduplicator(store, self.settings)
+        return self._dedup
+
+    def heartbeat(self) -> Heartbeat:
+        """This process's heartbeat thread (a fresh one in each forked pool child)."""
+        if self._heartbeat is None or self._heartbeat_pid != os.getpid():
+            with self._mutex:
+                if self._heartbeat is None or self._heartbeat_pid != os.getpid():
+                    self._heartbeat = Heartbeat(self.dedup)
+                    self._heartbeat_pid = os.getpid()
+        return self._heartbeat
+
+    def wrap_tasks(self, **_: Any) -> None:
+        for task in list(self.app.tasks.values()):
+            wrap_task(self, task)
+
+    def revoked(
+        self,
+        sender: Any = None,
+        request: Any = None,
+        terminated: bool = False,
+        expired: bool = False,
+        **_: Any,
+    ) -> None:
+        if request is not None:
+            on_revoked(self, request, terminated, expired)
+
+
+_installed: weakref.WeakKeyDictionary[Any, CeleryDedup] = weakref.WeakKeyDictionary()
+
+
+def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedup:
+    """Wire taskdedup into ``app``: every publish path and every end of a job on the worker.
+
+    ``settings`` override ``app.conf.taskdedup_*`` (``TASKDEDUP_*`` variables override both).
+    Calling it again returns the same integration and changes nothing.
+    """
+    integ = _installed.get(app)
+    if integ is not None:
+        return integ
+    integ = CeleryDedup(app, store, settings)
+    _installed[app] = integ
+    app.send_task = Publisher(integ, app.send_task)
+    if app.finalized:
+        integ.wrap_tasks()
+    else:
+        app.on_after_finalize.connect(integ.wrap_tasks, weak=False)
+    signals.task_revoked.connect(integ.revoked, weak=False)
+    return integ
+
+
+def integration_for(app: Any) -> CeleryDedup | None:
+    return _installed.get(app)

@@ -1,0 +1,117 @@
+"""The publish side: every way Celery sends a task ends in ``app.send_task``, wrapped here.
+
+``delay``, ``apply_async``, signatures and canvas members, ETA/countdown, ``send_task`` by name,
+beat and ``Task.retry`` all call ``app.send_task``; so one wrapper sees every publish. A retry
+(``retries > 0``) keeps its lock; anything else asks the Deduplicator first.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from typing import TYPE_CHECKING, Any
+
+from kombu import serialization
+from kombu.utils.uuid import uuid
+
+from .tasks import task_policy
+
+if TYPE_CHECKING:
+    from .integration import CeleryDedup
+
+KEY_HEADER = "taskdedup_key"
+
+
+def delay_of(options: dict[str, Any]) -> float:
+    """Seconds until a scheduled job is due (0 for a job sent now)."""
+    countdown = options.get("countdown")
+    if countdown:
+        return max(float(countdown), 0.0)
+    eta = options.get("eta")
+    if eta is None:
+        return 0.0
+    if isinstance(eta, str):
+        eta = dt.datetime.fromisoformat(eta)
+    now = dt.datetime.now(eta.tzinfo or dt.timezone.utc)
+    if eta.tzinfo is None:
+        now = now.replace(tzinfo=None)
+    return max((eta - now).total_seconds(), 0.0)
+
+
+def dump_call(args: Any, kwargs: Any, serializer: str) -> str:
+    """The arguments of a duplicate, kept for reschedule_once in the task's own serializer."""
+    content_type, encoding, data = serialization.dumps(  # type: ignore[no-untyped-call]
+        (args, kwargs), serializer=serializer
+    )
+    raw = data if isinstance(data, bytes) else data.encode(encoding or "utf-8")
+    return json.dumps([content_type, encoding, base64.b64encode(raw).decode()])
+
+
+def load_call(payload: str) -> tuple[Any, Any]:
+    content_type, encoding, data = json.loads(payload)
+    body = serialization.loads(  # type: ignore[no-untyped-call]
+        base64.b64decode(data), content_type, encoding, accept=[content_type]
+    )
+    return body[0], body[1]
+
+
+class Publisher:
+    """Wraps ``app.send_task`` of one app."""
+
+    def __init__(self, integration: CeleryDedup, original: Any) -> None:
+        self.integration = integration
+        self.original = original
+
+    def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        integ = self.integration
+        task = integ.app.tasks.get(name)
+        policy = task_policy(task, integ.settings) if task is not None else None
+        if policy is None:
+            return self.original(name, args, kwargs, **options)
+        dedup = integ.dedup
+        headers = dict(options.get("headers") or {})
+        delay = delay_of(options)
+        queue = options.get("queue") or getattr(task, "queue", None)
+        if queue is not None and not isinstance(queue, str):  # a kombu Queue
+            queue = getattr(queue, "name", str(queue))
+        retries = options.get("retries") or 0
+        if retries and options.get("task_id"):  # Task.retry: same id, keeps its lock (G6)
+            key = headers.get(KEY_HEADER) or policy.key_for(args or (), kwargs or {}, queue)
+            dedup.retry(policy, key, options["task_id"], delay=delay, attempt=retries - 1)
+            headers[KEY_HEADER] = key
+            options["headers"] = headers
+            return self.original(name, args, kwargs, **options)
+
+        job_id = options.get("task_id") or uuid()
+        payload = None
+        if policy.policy.on_conflict == "reschedule_once":
+            payload = dump_call(
+                args or (), kwargs or {}, options.get("serializer") or task.serializer
+            )
+        ticket = dedup.enqueue(
+            policy,
+            args or (),
+            kwargs or {},
+            job_id=job_id,
+            queue=queue,
+            delay=delay,
+            payload=payload,
+        )
+        if ticket.deduplicated:
+            result_cls = options.get("result_cls") or integ.app.AsyncResult
+            result = result_cls(ticket.job_id)
+            result.deduplicated = True
+            return result
+        options["task_id"] = ticket.job_id
+        if ticket.key is not None:
+            headers[KEY_HEADER] = ticket.key
+            options["headers"] = headers
+        try:
+            result = self.original(name, args, kwargs, **options)
+        except BaseException:
+            dedup.publish_failed(ticket)  # G5: released before the error reaches the caller
+            raise
+        dedup.published(ticket)
+        result.deduplicated = False
+        return result

@@ -1,0 +1,279 @@
+"""Celery: real in-process workers on a Redis broker (solo and threads pools)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from taskdedup import DuplicateJob, KeyEncodingError
+from taskdedup.celery import deduplicate, install
+from taskdedup.stores.base import Inspect
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "it") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def make_app(redis_url: str, prefix: str, **conf: Any) -> Celery:
+    app = Celery(prefix, broker=redis_url, backend=redis_url, set_as_current=False)
+    app.conf.update(
+        broker_transport_options={"global_keyprefix": f"{prefix}:kombu:"},
+        result_backend_transport_options={"global_keyprefix": f"{prefix}:result:"},
+        task_default_queue=f"{prefix}-q",
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        taskdedup_key_prefix=prefix,
+        **conf,
+    )
+    return app
+
+
+@pytest.fixture
+def app(redis_url: str, key_prefix: str) -> Celery:
+    app = make_app(redis_url, key_prefix)
+    install(app)
+    return app
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Any]]:
+    yield []
+
+
+def queue_length(app: Celery, redis_url: str, prefix: str) -> int:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return int(client.llen(f"{prefix}:kombu:{prefix}-q"))
+    finally:
+        client.close()
+
+
+def test_32_threads_delay_the_same_call_one_message_one_id(
+    app: Celery, redis_url: str, key_prefix: str, runs: list[Any]
+) -> None:
+    @deduplicate("until_executed")
+    @app.task
+    def build(sha: str) -> str:
+        runs.append(sha)
+        return sha
+
+    barrier = threading.Barrier(32)
+
+    def submit(_: int) -> Any:
+        barrier.wait()
+        return build.delay("abc123")
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(submit, range(32)))
+    ids = {r.id for r in results}
+    assert len(ids) == 1
+    assert sum(not r.deduplicated for r in results) == 1
+    assert queue_length(app, redis_url, key_prefix) == 1
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        assert results[0].get(timeout=20) == "abc123"
+    assert runs == ["abc123"]
+
+
+def test_until_executed_holds_through_the_run_and_the_job_reads_key_and_fence(
+    app: Celery, runs: list[Any]
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @deduplicate("until_executed", lease=5)
+    @app.task(bind=True)
+    def report(self: Any, day: str) -> dict[str, Any]:
+        runs.append((self.request.taskdedup_key, self.request.taskdedup_fence))
+        started.set()
+        assert release.wait(20)
+        return {"day": day}
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        first = report.delay("mon")
+        assert started.wait(20)
+        during = report.delay("mon")
+        assert during.deduplicated and during.id == first.id
+        release.set()
+        assert first.get(timeout=20) == {"day": "mon"}
+        after = wait_for(lambda: (r := report.delay("mon")) and not r.deduplicated and r)
+        assert after.id != first.id
+        after.get(timeout=20)
+    (key, fence), (key2, fence2) = runs
+    assert key == key2 and len(key) == 32 and fence2 > fence > 0
+
+
+def test_until_executing_frees_the_key_when_the_job_starts(app: Celery) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @deduplicate("until_executing")
+    @app.task
+    def sync(account: int) -> int:
+        started.set()
+        assert release.wait(20)
+        return account
+
+    queued = sync.delay(1)
+    assert sync.delay(1).id == queued.id  # still queued: deduplicated
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        assert started.wait(20)
+        second = sync.delay(1)  # running: a new job is accepted
+        assert not second.deduplicated and second.id != queued.id
+        release.set()
+        assert queued.get(timeout=20) == 1 and second.get(timeout=20) == 1
+
+
+def test_on_conflict_raise_carries_the_holders_id(app: Celery) -> None:
+    @deduplicate("until_executed", on_conflict="raise")
+    @app.task
+    def charge(order: int) -> None: ...
+
+    first = charge.delay(7)
+    with pytest.raises(DuplicateJob) as err:
+        charge.delay(7)
+    assert err.value.job_id == first.id
+
+
+def test_a_task_failing_twice_then_succeeding_holds_its_lock_throughout(
+    app: Celery, key_prefix: str, runs: list[Any]
+) -> None:
+    @deduplicate("until_executed", lease=5)
+    @app.task(bind=True, max_retries=5)
+    def flaky(self: Any, n: int) -> str:
+        runs.append(self.request.retries)
+        if self.request.retries < 2:
+            raise self.retry(countdown=0.3, exc=RuntimeError("not yet"))
+        return "ok"
+
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        job = flaky.delay(1)
+        seen = set()
+        while not job.ready():
+            dup = flaky.delay(1)
+            assert dup.deduplicated and dup.id == job.id, "the retrying job lost its lock"
+            seen.add(len(runs))
+            time.sleep(0.05)
+        assert job.get(timeout=20) == "ok"
+    assert runs == [0, 1, 2]
+    assert not flaky.delay(1).deduplicated  # released after the success
+
+
+def test_reschedule_once_runs_once_more_with_the_latest_arguments(
+    app: Celery, runs: list[Any]
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @deduplicate("until_executed", keys=["user_id"], on_conflict="reschedule_once")
+    @app.task
+    def sync_user(user_id: int, note: str) -> str:
+        runs.append(note)
+        if note == "first":
+            started.set()
+            assert release.wait(20)
+        return note
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        first = sync_user.delay(1, "first")
+        assert started.wait(20)
+        assert sync_user.delay(1, "second").id == first.id
+        assert sync_user.delay(1, "third").id == first.id
+        release.set()
+        first.get(timeout=20)
+        wait_for(lambda: len(runs) == 2, what="the rescheduled run")
+        time.sleep(0.5)  # a wrong implementation would run a third time here
+    assert runs == ["first", "third"]
+
+
+def test_while_executing_never_runs_two_jobs_of_a_key_at_once(app: Celery, runs: list[Any]) -> None:
+    @deduplicate("while_executing", lease=5)
+    @app.task
+    def import_feed(feed: str) -> None:
+        runs.append(("start", time.monotonic()))
+        time.sleep(0.4)
+        runs.append(("end", time.monotonic()))
+
+    with start_worker(app, pool="threads", concurrency=3, perform_ping_check=False):
+        jobs = [import_feed.delay("f") for _ in range(3)]
+        assert len({j.id for j in jobs}) == 3  # no enqueue lock: none is dropped
+        for job in jobs:
+            job.get(timeout=30)
+    kinds = [kind for kind, _ in sorted(runs, key=lambda r: r[1])]
+    assert kinds == ["start", "end"] * 3
+
+
+def test_revoke_releases_the_lock(app: Celery) -> None:
+    @deduplicate("until_executed")
+    @app.task
+    def slow(x: int) -> int:
+        return x
+
+    job = slow.apply_async((1,), countdown=0)
+    app.control.revoke(job.id)
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        wait_for(lambda: not slow.delay(1).deduplicated, what="the lock to be released")
+
+
+def test_scheduled_jobs_are_deduplicated_only_when_asked(app: Celery) -> None:
+    @deduplicate("until_executed")
+    @app.task
+    def plain(x: int) -> None: ...
+
+    @deduplicate("until_executed", including_scheduled=True, ttl=60)
+    @app.task
+    def scheduled(x: int) -> None: ...
+
+    assert not plain.apply_async((1,), countdown=30).deduplicated
+    assert not plain.apply_async((1,), countdown=30).deduplicated
+    first = scheduled.apply_async((1,), countdown=30)
+    assert scheduled.apply_async((1,), countdown=30).id == first.id
+    store = install(app).dedup.store
+    key = scheduled_key(app, scheduled, 1)
+    # once the publish is confirmed, the lock lives ttl + delay (90 s), not just the ttl
+    info = wait_for(lambda: (i := store.run(Inspect(key))) and i.confirmed and i, what="confirm")
+    assert info.job_id == first.id and 60_000 < info.ttl_ms <= 90_000
+
+
+def scheduled_key(app: Celery, task: Any, *args: Any) -> str:
+    from taskdedup.celery.tasks import task_policy
+
+    policy = task_policy(task, install(app).settings)
+    assert policy is not None
+    return policy.key_for(args, {})
+
+
+def test_send_task_by_name_is_deduplicated(app: Celery) -> None:
+    @deduplicate("until_executed")
+    @app.task(name="jobs.by_name")
+    def by_name(x: int) -> None: ...
+
+    first = app.send_task("jobs.by_name", (5,))
+    second = app.send_task("jobs.by_name", args=(5,))
+    assert second.deduplicated and second.id == first.id
+
+
+def test_bad_arguments_fail_at_enqueue_with_the_task_named(app: Celery) -> None:
+    @deduplicate("until_executed")
+    @app.task(name="jobs.strict")
+    def strict(x: int) -> None: ...
+
+    with pytest.raises(KeyEncodingError, match=r"jobs\.strict"):
+        strict.delay(object())
+
+
+def test_install_is_idempotent(app: Celery) -> None:
+    first = install(app)
+    send = app.send_task
+    assert install(app) is first and app.send_task is send

@@ -67,7 +67,7 @@ def test_32_threads_delay_the_same_call_one_message_one_id(
     app: Celery, redis_url: str, key_prefix: str, runs: list[Any]
 ) -> None:
     @deduplicate("until_executed")
-    @app.task
+    @app.task(shared=False)
     def build(sha: str) -> str:
         runs.append(sha)
         return sha
@@ -95,7 +95,7 @@ def test_until_executed_holds_through_the_run_and_the_job_reads_key_and_fence(
     started, release = threading.Event(), threading.Event()
 
     @deduplicate("until_executed", lease=5)
-    @app.task(bind=True)
+    @app.task(shared=False, bind=True)
     def report(self: Any, day: str) -> dict[str, Any]:
         runs.append((self.request.taskdedup_key, self.request.taskdedup_fence))
         started.set()
@@ -120,7 +120,7 @@ def test_until_executing_frees_the_key_when_the_job_starts(app: Celery) -> None:
     started, release = threading.Event(), threading.Event()
 
     @deduplicate("until_executing")
-    @app.task
+    @app.task(shared=False)
     def sync(account: int) -> int:
         started.set()
         assert release.wait(20)
@@ -138,7 +138,7 @@ def test_until_executing_frees_the_key_when_the_job_starts(app: Celery) -> None:
 
 def test_on_conflict_raise_carries_the_holders_id(app: Celery) -> None:
     @deduplicate("until_executed", on_conflict="raise")
-    @app.task
+    @app.task(shared=False)
     def charge(order: int) -> None: ...
 
     first = charge.delay(7)
@@ -151,7 +151,7 @@ def test_a_task_failing_twice_then_succeeding_holds_its_lock_throughout(
     app: Celery, key_prefix: str, runs: list[Any]
 ) -> None:
     @deduplicate("until_executed", lease=5)
-    @app.task(bind=True, max_retries=5)
+    @app.task(shared=False, bind=True, max_retries=5)
     def flaky(self: Any, n: int) -> str:
         runs.append(self.request.retries)
         if self.request.retries < 2:
@@ -177,7 +177,7 @@ def test_reschedule_once_runs_once_more_with_the_latest_arguments(
     started, release = threading.Event(), threading.Event()
 
     @deduplicate("until_executed", keys=["user_id"], on_conflict="reschedule_once")
-    @app.task
+    @app.task(shared=False)
     def sync_user(user_id: int, note: str) -> str:
         runs.append(note)
         if note == "first":
@@ -199,7 +199,7 @@ def test_reschedule_once_runs_once_more_with_the_latest_arguments(
 
 def test_while_executing_never_runs_two_jobs_of_a_key_at_once(app: Celery, runs: list[Any]) -> None:
     @deduplicate("while_executing", lease=5)
-    @app.task
+    @app.task(shared=False)
     def import_feed(feed: str) -> None:
         runs.append(("start", time.monotonic()))
         time.sleep(0.4)
@@ -216,7 +216,7 @@ def test_while_executing_never_runs_two_jobs_of_a_key_at_once(app: Celery, runs:
 
 def test_revoke_releases_the_lock(app: Celery) -> None:
     @deduplicate("until_executed")
-    @app.task
+    @app.task(shared=False)
     def slow(x: int) -> int:
         return x
 
@@ -228,11 +228,11 @@ def test_revoke_releases_the_lock(app: Celery) -> None:
 
 def test_scheduled_jobs_are_deduplicated_only_when_asked(app: Celery) -> None:
     @deduplicate("until_executed")
-    @app.task
+    @app.task(shared=False)
     def plain(x: int) -> None: ...
 
     @deduplicate("until_executed", including_scheduled=True, ttl=60)
-    @app.task
+    @app.task(shared=False)
     def scheduled(x: int) -> None: ...
 
     assert not plain.apply_async((1,), countdown=30).deduplicated
@@ -256,7 +256,7 @@ def scheduled_key(app: Celery, task: Any, *args: Any) -> str:
 
 def test_send_task_by_name_is_deduplicated(app: Celery) -> None:
     @deduplicate("until_executed")
-    @app.task(name="jobs.by_name")
+    @app.task(shared=False, name="jobs.by_name")
     def by_name(x: int) -> None: ...
 
     first = app.send_task("jobs.by_name", (5,))
@@ -266,7 +266,7 @@ def test_send_task_by_name_is_deduplicated(app: Celery) -> None:
 
 def test_bad_arguments_fail_at_enqueue_with_the_task_named(app: Celery) -> None:
     @deduplicate("until_executed")
-    @app.task(name="jobs.strict")
+    @app.task(shared=False, name="jobs.strict")
     def strict(x: int) -> None: ...
 
     with pytest.raises(KeyEncodingError, match=r"jobs\.strict"):
@@ -277,3 +277,163 @@ def test_install_is_idempotent(app: Celery) -> None:
     first = install(app)
     send = app.send_task
     assert install(app) is first and app.send_task is send
+
+
+def test_task_option_and_class_based_tasks_with_an_inherited_policy(
+    app: Celery, runs: list[Any]
+) -> None:
+    @app.task(shared=False, deduplicate={"strategy": "until_executed", "keys": ["order_id"]})
+    def ship(order_id: int, carrier: str = "ups") -> None: ...
+
+    first = ship.delay(1, "ups")
+    assert ship.delay(1, carrier="dhl").id == first.id
+
+    @deduplicate("until_executed", keys=["account"])
+    class AccountTask(app.Task):  # type: ignore[misc, name-defined]
+        abstract = True
+
+    class Reconcile(AccountTask):  # type: ignore[misc, valid-type]
+        name = "accounts.reconcile"
+
+        def run(self, account: str, full: bool = False) -> str:
+            runs.append(account)
+            return account
+
+    reconcile = app.register_task(Reconcile())
+    job = reconcile.delay("acme")
+    assert reconcile.delay("acme", full=True).id == job.id
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        assert job.get(timeout=20) == "acme"
+    assert runs == ["acme"]
+
+
+def test_a_failed_publish_releases_the_lock_before_the_error(
+    redis_url: str, key_prefix: str
+) -> None:
+    app = make_app(
+        "redis://127.0.0.1:1/0",  # nothing listens there
+        key_prefix,
+        taskdedup_url=redis_url,
+        task_publish_retry=False,
+        broker_connection_timeout=0.5,
+        broker_connection_retry=False,
+        broker_connection_max_retries=0,
+    )
+    integ = install(app)
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def notify(user: int) -> None: ...
+
+    with pytest.raises(Exception) as err:
+        notify.delay(1)
+    assert not isinstance(err.value, DuplicateJob)
+    key = scheduled_key(app, notify, 1)
+    assert integ.dedup.store.run(Inspect(key)) is None
+
+
+def test_store_outage_follows_on_store_error(redis_url: str, key_prefix: str) -> None:
+    lenient = make_app(redis_url, key_prefix, taskdedup_url="redis://127.0.0.1:1/0")
+    install(lenient)
+
+    @deduplicate("until_executed")
+    @lenient.task(shared=False)
+    def job(x: int) -> None: ...
+
+    assert not job.delay(1).deduplicated and not job.delay(1).deduplicated  # published, logged
+
+    strict = make_app(
+        redis_url,
+        key_prefix + "b",
+        taskdedup_url="redis://127.0.0.1:1/0",
+        taskdedup_on_store_error="raise",
+    )
+    install(strict)
+
+    @deduplicate("until_executed")
+    @strict.task(shared=False)
+    def job2(x: int) -> None: ...
+
+    from taskdedup import StoreUnavailable
+
+    with pytest.raises(StoreUnavailable):
+        job2.delay(1)
+
+
+def test_without_a_redis_broker_the_store_url_must_be_given(key_prefix: str) -> None:
+    from taskdedup import ConfigError
+
+    app = Celery("amqp-only", broker="amqp://guest@127.0.0.1//", set_as_current=False)
+    install(app)
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def job(x: int) -> None: ...
+
+    with pytest.raises(ConfigError, match="taskdedup_url"):
+        job.delay(1)
+
+
+def test_canvas_members_pass_through_unless_their_task_has_a_policy(
+    app: Celery, runs: list[Any]
+) -> None:
+    from celery import chain, group
+
+    @app.task(shared=False)
+    def plain(x: int) -> int:
+        runs.append(("plain", x))
+        return x
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def guarded(x: int) -> int:
+        runs.append(("guarded", x))
+        return x
+
+    member = guarded.delay(3)
+    assert guarded.delay(3).id == member.id
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        group(plain.s(1), plain.s(1)).apply_async().get(timeout=20)
+        chain(plain.s(2), plain.si(2)).apply_async().get(timeout=20)
+        # a canvas waits for its members' own ids: they are published even when a job of the
+        # same key is queued, so no group, chord or chain can hang on a dropped member
+        in_group = group(guarded.s(3), guarded.s(4)).apply_async()
+        assert in_group.get(timeout=20) == [3, 4]
+        assert chain(guarded.s(3), plain.s()).apply_async().get(timeout=20) == 3
+        member.get(timeout=20)
+    assert sorted(runs) == sorted(
+        [("plain", 1), ("plain", 1), ("plain", 2), ("plain", 2), ("plain", 3)]
+        + [("guarded", 3)] * 3
+        + [("guarded", 4)]
+    )
+
+
+def test_beat_entries_are_deduplicated(app: Celery) -> None:
+    from celery.beat import ScheduleEntry, Scheduler
+
+    @deduplicate("until_executed")
+    @app.task(shared=False, name="reports.nightly")
+    def nightly() -> None: ...
+
+    scheduler = Scheduler(app, lazy=True)
+    entry = ScheduleEntry(name="nightly", task="reports.nightly", schedule=60, app=app)
+    first = scheduler.apply_async(entry)
+    second = scheduler.apply_async(entry)
+    assert second.deduplicated and second.id == first.id
+
+
+def test_settings_come_from_app_conf_and_the_environment(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app(redis_url, key_prefix, taskdedup_dry_run=True, taskdedup_default_ttl=42)
+    monkeypatch.setenv("TASKDEDUP_DEFAULT_LEASE", "7")
+    integ = install(app)
+    assert integ.settings.dry_run and integ.settings.default_ttl == 42
+    assert integ.settings.default_lease == 7
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def job(x: int) -> None: ...
+
+    assert not job.delay(1).deduplicated and not job.delay(1).deduplicated  # dry run
+    assert integ.dedup.stats["enqueue.would_deduplicate"] == 1

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from .integration import CeleryDedup
 
 KEY_HEADER = "taskdedup_key"
+#: A message that belongs to a group or chord, or carries what runs after it, is never dropped
+#: at enqueue: the canvas waits for that very id, so a deduplicated member would hang it.
+CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
 
 
 def delay_of(options: dict[str, Any]) -> float:
@@ -67,7 +70,7 @@ class Publisher:
         integ = self.integration
         task = integ.app.tasks.get(name)
         policy = task_policy(task, integ.settings) if task is not None else None
-        if policy is None:
+        if policy is None or any(options.get(name) for name in CANVAS_OPTIONS):
             return self.original(name, args, kwargs, **options)
         dedup = integ.dedup
         headers = dict(options.get("headers") or {})

@@ -308,28 +308,30 @@ def test_task_option_and_class_based_tasks_with_an_inherited_policy(
 
 
 def test_a_failed_publish_releases_the_lock_before_the_error(
-    redis_url: str, key_prefix: str
+    app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = make_app(
-        "redis://127.0.0.1:1/0",  # nothing listens there
-        key_prefix,
-        taskdedup_url=redis_url,
-        task_publish_retry=False,
-        broker_connection_timeout=0.5,
-        broker_connection_retry=False,
-        broker_connection_max_retries=0,
-    )
-    integ = install(app)
+    from kombu import Producer
+    from kombu.exceptions import OperationalError
 
     @deduplicate("until_executed")
     @app.task(shared=False)
     def notify(user: int) -> None: ...
 
-    with pytest.raises(Exception) as err:
-        notify.delay(1)
-    assert not isinstance(err.value, DuplicateJob)
+    integ = install(app)
     key = scheduled_key(app, notify, 1)
-    assert integ.dedup.store.run(Inspect(key)) is None
+    seen_during_publish = []
+
+    def broken_publish(self: Any, *args: Any, **kwargs: Any) -> None:
+        seen_during_publish.append(integ.dedup.store.run(Inspect(key)))
+        raise OperationalError("broker went away")
+
+    monkeypatch.setattr(Producer, "publish", broken_publish)
+    with pytest.raises(OperationalError):
+        notify.delay(1)
+    assert seen_during_publish and seen_during_publish[0] is not None  # it was locked...
+    assert integ.dedup.store.run(Inspect(key)) is None  # ...and released before the raise
+    monkeypatch.undo()
+    assert not notify.delay(1).deduplicated
 
 
 def test_store_outage_follows_on_store_error(redis_url: str, key_prefix: str) -> None:

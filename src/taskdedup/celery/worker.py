@@ -2,9 +2,10 @@
 
 Each deduplicated task's ``run`` is wrapped (Celery's tracer calls ``task.run``), so the claim
 happens inside the worker's request context, with ``self.request`` set. A delivery that must not
-run (a live or finished copy, G7) raises ``Ignore``: the message is acknowledged and no result is
-written over the real job's. A while_executing job whose key is busy is sent again with a delay
-under the same id, so the caller's handle stays true.
+run raises ``Ignore``, so no result is written over the real job's: a copy of a finished job is
+dropped (G7); a copy whose holder still runs, or a while_executing job whose key is busy, is
+sent again with a delay under the same id, so nothing is lost and the caller's handle stays
+true (if the holder died meanwhile, the copy takes over once the lease has lapsed).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from ..core import Admission
+from ..policy import TaskPolicy
 from .publish import KEY_HEADER, load_call
 from .tasks import task_policy
 
@@ -68,7 +70,7 @@ class Worker:
         if admission.handoff is not None:
             self._publish_handoff(task, admission.key, admission.handoff)
         if not admission.should_run:
-            self._skip(task, admission, args, kwargs)
+            self._skip(task, policy, admission, args, kwargs)
         request.taskdedup_key = admission.key
         request.taskdedup_fence = admission.fence
         lease = admission.lease
@@ -109,22 +111,31 @@ class Worker:
             args, kwargs = task.request.args, task.request.kwargs
         task.apply_async(args, kwargs, task_id=handoff.job_id, headers={KEY_HEADER: key})
 
-    def _skip(self, task: Any, admission: Admission, args: Any, kwargs: Any) -> None:
-        if admission.outcome == "busy":
+    def _skip(
+        self, task: Any, policy: TaskPolicy, admission: Admission, args: Any, kwargs: Any
+    ) -> None:
+        """Do not run this delivery. A copy whose key is busy, or whose holder still runs,
+        comes back later under the same id (if the holder died, the copy then takes over after
+        the lease); a copy of a finished job is dropped."""
+        if admission.outcome in ("busy", "running"):
+            delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
             task.apply_async(
                 args,
                 kwargs,
                 task_id=admission.job_id,
-                countdown=BUSY_DELAY,
+                countdown=delay,
                 headers={KEY_HEADER: admission.key},
             )
-            raise Ignore()
+            action = f"deferred {delay:g}s"
+        else:
+            action = "dropped"
         log.info(
-            "taskdedup: not running %s[%s]: %s (holder %s)",
+            "taskdedup: not running %s[%s]: %s (holder %s), %s",
             task.name,
             admission.job_id,
             admission.outcome,
             admission.holder,
+            action,
         )
         raise Ignore()
 

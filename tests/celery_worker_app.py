@@ -1,0 +1,61 @@
+"""A Celery app for tests that run a real worker in a subprocess (prefork pool, kill -9).
+
+The test passes the Redis URL and its key prefix in the environment; every key the app writes
+(broker, results, locks, markers) is under that prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+from celery import Celery, signals
+
+from taskdedup.celery import deduplicate, install
+
+URL = os.environ["TD_REDIS_URL"]
+PREFIX = os.environ["TD_PREFIX"]
+VISIBILITY = float(os.environ.get("TD_VISIBILITY_TIMEOUT", "3600"))
+
+app = Celery("subprocess_app", broker=URL, backend=URL, set_as_current=True)
+app.conf.update(
+    broker_transport_options={
+        "global_keyprefix": f"{PREFIX}:kombu:",
+        "visibility_timeout": VISIBILITY,
+        "unacked_restore_interval": 1,  # look for expired unacked messages every second
+        "unacked_restore_throttle": 1,
+    },
+    result_backend_transport_options={"global_keyprefix": f"{PREFIX}:result:"},
+    task_default_queue=f"{PREFIX}-q",
+    broker_connection_retry_on_startup=True,
+    worker_prefetch_multiplier=1,
+    taskdedup_key_prefix=PREFIX,
+)
+install(app)
+marks = redis.Redis.from_url(URL)
+
+
+@signals.worker_ready.connect
+def ready(**_: object) -> None:
+    marks.set(f"{PREFIX}:mark:ready", 1, ex=600)
+
+
+@deduplicate("until_executed", lease=2)
+@app.task(name="sub.long_job", shared=False)
+def long_job(name: str, seconds: float) -> str:
+    marks.set(f"{PREFIX}:mark:pid:{name}", os.getpid(), ex=600)
+    time.sleep(seconds)
+    return name
+
+
+@deduplicate("until_executed", lease=2)
+@app.task(name="sub.late_job", acks_late=True, shared=False)
+def late_job(name: str, seconds: float) -> str:
+    """Counts its runs; only the first run takes ``seconds``."""
+    runs = marks.incr(f"{PREFIX}:mark:runs:{name}")
+    marks.expire(f"{PREFIX}:mark:runs:{name}", 600)
+    marks.set(f"{PREFIX}:mark:pid:{name}", os.getpid(), ex=600)
+    if runs == 1:
+        time.sleep(seconds)
+    return name

@@ -1,0 +1,158 @@
+"""Celery with a real prefork worker in a subprocess: kill -9 and acks_late redelivery."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+HERE = Path(__file__).resolve().parent
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class WorkerProcess:
+    def __init__(self, redis_url: str, prefix: str, **env: str) -> None:
+        self.prefix = prefix
+        self.client = redis.Redis.from_url(redis_url)
+        environ = dict(os.environ, TD_REDIS_URL=redis_url, TD_PREFIX=prefix, **env)
+        environ["PYTHONPATH"] = os.pathsep.join([str(HERE), environ.get("PYTHONPATH", "")])
+        self.log_path = Path(f"/tmp/{prefix}-worker-{time.monotonic_ns()}.log")
+        self.log = open(self.log_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "celery_worker_app",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                "2",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            env=environ,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(lambda: self.client.get(f"{prefix}:mark:ready") or self._died(), 60, "worker")
+
+    def _died(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited: see {self.log_path}")
+        return False
+
+    def mark(self, name: str) -> bytes | None:
+        return self.client.get(f"{self.prefix}:mark:{name}")  # type: ignore[return-value]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.client.close()
+        self.log.close()
+
+
+@pytest.fixture
+def worker_env(redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("TD_REDIS_URL", redis_url)
+    monkeypatch.setenv("TD_PREFIX", key_prefix)
+    monkeypatch.syspath_prepend(str(HERE))
+    sys.modules.pop("celery_worker_app", None)
+    import celery_worker_app
+
+    return celery_worker_app
+
+
+@pytest.fixture
+def start(redis_url: str, key_prefix: str) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def launch(**env: str) -> WorkerProcess:
+        worker = WorkerProcess(redis_url, key_prefix, **env)
+        started.append(worker)
+        return worker
+
+    yield launch
+    for worker in started:
+        worker.stop()
+
+
+def test_kill_9_mid_job_frees_the_key_within_lease_plus_5_seconds(
+    worker_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    worker = start()
+    job = worker_env.long_job.delay("k9", 60)
+    pid = int(wait_for(lambda: worker.mark("pid:k9"), 30, "the job to start"))
+    assert worker_env.long_job.delay("k9", 60).id == job.id  # held while it runs
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    lease = 2.0
+
+    def enqueue_fresh() -> Any:
+        result = worker_env.long_job.delay("k9", 0)
+        return None if result.deduplicated else result
+
+    fresh = wait_for(enqueue_fresh, lease + 5, "the key to be free again")
+    assert fresh.id != job.id
+    assert time.monotonic() - killed_at <= lease + 5
+
+
+def test_acks_late_redelivery_runs_the_body_once(
+    worker_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    # The broker hands an unacked message out again once it is older than the visibility
+    # timeout (1 s here, checked every second); the job takes 6 s, so a second copy is
+    # delivered to the other pool process while the first still runs.
+    worker = start(TD_VISIBILITY_TIMEOUT="1")
+    job = worker_env.late_job.delay("once", 6)
+    assert job.get(timeout=60) == "once"
+    log = worker.log_path
+    assert "not running sub.late_job" in log.read_text(), "the broker never redelivered"
+    assert int(worker.mark("runs:once") or 0) == 1
+    # a copy of the finished job delivered again (same id) does not run again either
+    worker_env.late_job.apply_async(("once", 6), task_id=job.id)
+    wait_for(lambda: log.read_text().count("not running sub.late_job") >= 2, 30, "the refusal")
+    assert int(worker.mark("runs:once") or 0) == 1
+
+
+def test_acks_late_copy_takes_over_after_the_lease_when_the_holder_died(
+    worker_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    first = start(TD_VISIBILITY_TIMEOUT="1")
+    job = worker_env.late_job.delay("orphan", 60)
+    wait_for(lambda: first.mark("pid:orphan"), 30, "the job to start")
+    os.killpg(first.proc.pid, signal.SIGKILL)  # the whole worker dies: nothing acks
+    first.proc.wait(10)
+    first.client.delete(f"{first.prefix}:mark:ready")
+    second = start(TD_VISIBILITY_TIMEOUT="1")
+    assert job.get(timeout=60) == "orphan"
+    assert int(second.mark("runs:orphan") or 0) == 2  # the copy ran once the lease lapsed

@@ -15,10 +15,11 @@ from celery import Celery, signals
 from taskdedup.celery import deduplicate, install
 
 URL = os.environ["TD_REDIS_URL"]
+BROKER = os.environ.get("TD_BROKER_URL") or URL
 PREFIX = os.environ["TD_PREFIX"]
 VISIBILITY = float(os.environ.get("TD_VISIBILITY_TIMEOUT", "3600"))
 
-app = Celery("subprocess_app", broker=URL, backend=URL, set_as_current=True)
+app = Celery("subprocess_app", broker=BROKER, backend=URL, set_as_current=True)
 app.conf.update(
     broker_transport_options={
         "global_keyprefix": f"{PREFIX}:kombu:",
@@ -31,6 +32,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
     taskdedup_key_prefix=PREFIX,
+    taskdedup_url=URL,
+    broker_heartbeat=0,
 )
 install(app)
 marks = redis.Redis.from_url(URL)
@@ -41,7 +44,7 @@ def ready(**_: object) -> None:
     marks.set(f"{PREFIX}:mark:ready", 1, ex=600)
 
 
-@deduplicate("until_executed", lease=2)
+@deduplicate("until_executed", lease=2, keys=["name"])
 @app.task(name="sub.long_job", shared=False)
 def long_job(name: str, seconds: float) -> str:
     marks.set(f"{PREFIX}:mark:pid:{name}", os.getpid(), ex=600)
@@ -49,7 +52,7 @@ def long_job(name: str, seconds: float) -> str:
     return name
 
 
-@deduplicate("until_executed", lease=2)
+@deduplicate("until_executed", lease=2, keys=["name"])
 @app.task(name="sub.late_job", acks_late=True, shared=False)
 def late_job(name: str, seconds: float) -> str:
     """Counts its runs; only the first run takes ``seconds``."""

@@ -439,3 +439,24 @@ def test_settings_come_from_app_conf_and_the_environment(
 
     assert not job.delay(1).deduplicated and not job.delay(1).deduplicated  # dry run
     assert integ.dedup.stats["enqueue.would_deduplicate"] == 1
+
+
+def test_a_job_longer_than_its_lease_keeps_its_lock_by_heartbeat(app: Celery) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @deduplicate("until_executed", lease=0.6)
+    @app.task(shared=False)
+    def crunch(n: int) -> int:
+        started.set()
+        assert release.wait(20)
+        return n
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        job = crunch.delay(1)
+        assert started.wait(20)
+        until = time.monotonic() + 2.0  # more than three leases
+        while time.monotonic() < until:
+            assert crunch.delay(1).id == job.id, "the running job lost its lock"
+            time.sleep(0.1)
+        release.set()
+        assert job.get(timeout=20) == 1

@@ -1,0 +1,118 @@
+"""``apply_async`` on a Redis broker: plain Celery, taskdedup, celery-once, celery-singleton.
+
+Each library deduplicates one task; every row makes ``n`` sequential calls from one client,
+with unique arguments (every call publishes) and with one repeated argument (every call but the
+first is a duplicate). Each library gets its own queue and key prefix, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import Celery
+
+from benchmarks.common import Row, measure
+from taskdedup.celery import deduplicate, install
+
+GROUP = "Celery apply_async (Redis broker)"
+
+
+def _app(url: str, prefix: str) -> Celery:
+    app = Celery(prefix, broker=url, backend=url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"{prefix}-q",
+        broker_transport_options={"global_keyprefix": f"{prefix}:"},
+        result_backend_transport_options={"global_keyprefix": f"{prefix}:"},
+        task_ignore_result=True,
+    )
+    return app
+
+
+def plain(url: str, prefix: str) -> Callable[..., Any]:
+    app = _app(url, prefix)
+
+    @app.task(shared=False)
+    def work(x: int) -> None: ...
+
+    return work.apply_async
+
+
+def taskdedup(url: str, prefix: str) -> Callable[..., Any]:
+    app = _app(url, prefix)
+    app.conf.taskdedup_key_prefix = prefix
+    install(app)
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def work(x: int) -> None: ...
+
+    return work.apply_async
+
+
+def celery_once(url: str, prefix: str) -> Callable[..., Any]:
+    from celery_once import AlreadyQueued, QueueOnce
+
+    app = _app(url, prefix)
+    app.conf.ONCE = {
+        "backend": "celery_once.backends.Redis",
+        "settings": {"url": url, "default_timeout": 3600},
+    }
+
+    @app.task(shared=False, base=QueueOnce, once={"graceful": False}, name=f"{prefix}.work")
+    def work(x: int) -> None: ...
+
+    def call(args: tuple[Any, ...]) -> Any:
+        try:
+            return work.apply_async(args)
+        except AlreadyQueued:
+            return None
+
+    return call
+
+
+def celery_singleton(url: str, prefix: str) -> Callable[..., Any]:
+    from celery_singleton import Singleton
+
+    app = _app(url, prefix)
+    app.conf.singleton_backend_url = url
+    app.conf.singleton_key_prefix = f"{prefix}:singleton:"
+
+    @app.task(shared=False, base=Singleton, name=f"{prefix}.work")
+    def work(x: int) -> None: ...
+
+    return work.apply_async
+
+
+LIBRARIES: dict[str, Callable[[str, str], Callable[..., Any]]] = {
+    "plain Celery": plain,
+    "taskdedup": taskdedup,
+    "celery-once": celery_once,
+    "celery-singleton": celery_singleton,
+}
+
+
+def _rows(library: str, send: Callable[..., Any], n: int) -> list[Row]:
+    return [
+        measure(GROUP, f"{library}, unique args", n, lambda i: send((i,))),
+        measure(GROUP, f"{library}, repeated args", n, lambda i: send((-7,))),
+    ]
+
+
+def run(url: str, n: int = 2000) -> list[Row]:
+    client = redis.Redis.from_url(url)
+    rows = []
+    try:
+        for library, make in LIBRARIES.items():
+            prefix = "tdbench-" + uuid.uuid4().hex[:8]
+            send = make(url, prefix)
+            try:
+                rows += _rows(library, send, n)
+            finally:
+                for key in client.scan_iter(match=prefix + "*", count=1000):
+                    client.unlink(key)
+    finally:
+        client.close()
+    return rows

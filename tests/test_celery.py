@@ -296,7 +296,7 @@ def test_task_option_and_class_based_tasks_with_an_inherited_policy(
         name = "accounts.reconcile"
 
         def run(self, account: str, full: bool = False) -> str:
-            runs.append(account)
+            runs.append((account, self.request.taskdedup_key))  # the worker side claimed it
             return account
 
     reconcile = app.register_task(Reconcile())
@@ -304,7 +304,7 @@ def test_task_option_and_class_based_tasks_with_an_inherited_policy(
     assert reconcile.delay("acme", full=True).id == job.id
     with start_worker(app, pool="solo", perform_ping_check=False):
         assert job.get(timeout=20) == "acme"
-    assert runs == ["acme"]
+    assert len(runs) == 1 and runs[0][0] == "acme" and len(runs[0][1]) == 32
 
 
 def test_a_failed_publish_releases_the_lock_before_the_error(
@@ -460,3 +460,50 @@ def test_a_job_longer_than_its_lease_keeps_its_lock_by_heartbeat(app: Celery) ->
             time.sleep(0.1)
         release.set()
         assert job.get(timeout=20) == 1
+
+
+def test_until_expired_throttles_for_the_ttl(app: Celery, runs: list[Any]) -> None:
+    @deduplicate("until_expired", ttl=1.5)
+    @app.task(shared=False)
+    def digest(team: str) -> None:
+        runs.append(team)
+
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        first = digest.delay("core")
+        first.get(timeout=20)
+        assert digest.delay("core").id == first.id  # finished, still throttled
+        again = wait_for(
+            lambda: (r := digest.delay("core")) and not r.deduplicated and r,
+            timeout=10,
+            what="the throttle to end",
+        )
+        again.get(timeout=20)
+    assert runs == ["core", "core"]
+
+
+def test_until_and_while_executing_accepts_a_new_job_but_runs_it_after(
+    app: Celery, runs: list[Any]
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @deduplicate("until_and_while_executing", lease=5)
+    @app.task(shared=False)
+    def rebuild(index: str) -> None:
+        runs.append(("start", index, time.monotonic()))
+        if not started.is_set():
+            started.set()
+            assert release.wait(20)
+        runs.append(("end", index, time.monotonic()))
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        first = rebuild.delay("products")
+        assert started.wait(20)
+        second = rebuild.delay("products")  # the enqueue lock was released at start
+        assert not second.deduplicated
+        assert rebuild.delay("products").id == second.id  # ...and taken by the second job
+        time.sleep(0.5)
+        release.set()
+        first.get(timeout=20)
+        second.get(timeout=30)
+    kinds = [kind for kind, _, _ in sorted(runs, key=lambda r: r[2])]
+    assert kinds == ["start", "end", "start", "end"]

@@ -84,6 +84,8 @@ def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedu
         integ.wrap_tasks()
     else:
         app.on_after_finalize.connect(integ.wrap_tasks, weak=False)
+    for ready in (signals.worker_init, signals.worker_process_init, signals.celeryd_after_setup):
+        ready.connect(integ.wrap_tasks, weak=False)  # tasks registered after finalize
     signals.task_revoked.connect(integ.revoked, weak=False)
     return integ
 

@@ -7,20 +7,18 @@ beat and ``Task.retry`` all call ``app.send_task``; so one wrapper sees every pu
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import json
 from typing import TYPE_CHECKING, Any
 
-from kombu import serialization
 from kombu.utils.uuid import uuid
 
+from .messages import KEY_HEADER, dump_call
 from .tasks import task_policy
+from .worker import wrap_task
 
 if TYPE_CHECKING:
     from .integration import CeleryDedup
 
-KEY_HEADER = "taskdedup_key"
 #: A message that belongs to a group or chord, or carries what runs after it, is never dropped
 #: at enqueue: the canvas waits for that very id, so a deduplicated member would hang it.
 CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
@@ -42,23 +40,6 @@ def delay_of(options: dict[str, Any]) -> float:
     return max((eta - now).total_seconds(), 0.0)
 
 
-def dump_call(args: Any, kwargs: Any, serializer: str) -> str:
-    """The arguments of a duplicate, kept for reschedule_once in the task's own serializer."""
-    content_type, encoding, data = serialization.dumps(  # type: ignore[no-untyped-call]
-        (args, kwargs), serializer=serializer
-    )
-    raw = data if isinstance(data, bytes) else data.encode(encoding or "utf-8")
-    return json.dumps([content_type, encoding, base64.b64encode(raw).decode()])
-
-
-def load_call(payload: str) -> tuple[Any, Any]:
-    content_type, encoding, data = json.loads(payload)
-    body = serialization.loads(  # type: ignore[no-untyped-call]
-        base64.b64decode(data), content_type, encoding, accept=[content_type]
-    )
-    return body[0], body[1]
-
-
 class Publisher:
     """Wraps ``app.send_task`` of one app."""
 
@@ -72,6 +53,7 @@ class Publisher:
         policy = task_policy(task, integ.settings) if task is not None else None
         if policy is None or any(options.get(name) for name in CANVAS_OPTIONS):
             return self.original(name, args, kwargs, **options)
+        wrap_task(integ, task)  # a task registered after the app was finalized
         dedup = integ.dedup
         headers = dict(options.get("headers") or {})
         delay = delay_of(options)

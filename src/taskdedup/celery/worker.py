@@ -18,7 +18,7 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from ..core import Admission
 from ..policy import TaskPolicy
-from .publish import KEY_HEADER, load_call
+from .messages import KEY_HEADER, load_call
 from .tasks import task_policy
 
 if TYPE_CHECKING:

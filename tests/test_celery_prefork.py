@@ -34,12 +34,12 @@ def delete_queue(app: Any, queue: str) -> None:
 
 
 class WorkerProcess:
-    def __init__(self, redis_url: str, prefix: str, **env: str) -> None:
+    def __init__(self, redis_url: str, prefix: str, logs: Path, **env: str) -> None:
         self.prefix = prefix
         self.client = redis.Redis.from_url(redis_url)
         environ = dict(os.environ, TD_REDIS_URL=redis_url, TD_PREFIX=prefix, **env)
         environ["PYTHONPATH"] = os.pathsep.join([str(HERE), environ.get("PYTHONPATH", "")])
-        self.log_path = Path(f"/tmp/{prefix}-worker-{time.monotonic_ns()}.log")
+        self.log_path = logs / f"worker-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
@@ -98,11 +98,13 @@ def worker_env(redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.fixture
-def start(redis_url: str, key_prefix: str) -> Iterator[Callable[..., WorkerProcess]]:
+def start(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
     def launch(**env: str) -> WorkerProcess:
-        worker = WorkerProcess(redis_url, key_prefix, **env)
+        worker = WorkerProcess(redis_url, key_prefix, tmp_path, **env)
         started.append(worker)
         return worker
 

@@ -244,7 +244,7 @@ class RedisStore(Store):
                 op.payload or "",
                 0 if op.payload is None else 1,
             ],
-            lambda r: AcquireReply(bool(int(r[0])), _s(r[1]), int(r[2]), int(r[3])),
+            _parse_acquire,
         )
 
     def _claim(self, op: Claim) -> _Call:
@@ -412,6 +412,11 @@ class RedisStore(Store):
                 if len(found) >= op.limit:
                     break
         return found
+
+
+def _parse_acquire(r: Any) -> AcquireReply:
+    acquired, fence, dups, holder = _s(r).split(" ", 3)
+    return AcquireReply(acquired == "1", holder, int(fence), int(dups))
 
 
 def _parse_claim(r: Sequence[Any]) -> ClaimReply:

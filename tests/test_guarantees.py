@@ -205,3 +205,26 @@ def test_async_heartbeat_renews_and_stops_cleanly() -> None:
         assert beat._task is None
 
     asyncio.run(scenario())
+
+
+def test_heartbeats_go_out_every_lease_third_not_once_per_job() -> None:
+    clock = FakeClock()
+    dedup = Deduplicator(MemoryStore(clock=clock))
+    policy = Policy("until_executed", lease=0.9).bind("ci.build", build)
+    beat = Heartbeat(dedup)
+    try:
+        started = time.monotonic()
+        for n in range(50):  # 50 jobs start within a fraction of the 0.3 s interval
+            t = dedup.enqueue(policy, (n,), job_id=f"J{n}")
+            run = dedup.claim(policy, t.job_id, key=t.key)
+            assert run.lease is not None
+            beat.add(run.lease)
+        deadline = time.monotonic() + 5
+        while dedup.stats["heartbeat.renewed"] < 50:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        elapsed = time.monotonic() - started
+        assert dedup.stats["heartbeat.renewed"] == 50  # one batch renewed all 50
+        assert elapsed >= 0.25  # and it waited for the interval instead of beating per job
+    finally:
+        beat.stop()

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from .stores.base import Confirm, Lease
@@ -66,7 +67,7 @@ class Heartbeat(_Leases):
         super().add(lease)
         if self._thread is None or not self._thread.is_alive():
             self.start()
-        self._wake.set()  # a shorter lease may need an earlier beat
+        self._wake.set()  # a shorter lease may need an earlier beat (never an immediate one)
 
     def start(self) -> None:
         self._stop.clear()
@@ -87,15 +88,21 @@ class Heartbeat(_Leases):
             self.dedup.heartbeat(leases)
 
     def _loop(self) -> None:
+        due = time.monotonic() + self.interval()
         while not self._stop.is_set():
-            self._wake.wait(self.interval())
-            self._wake.clear()
+            self._wake.wait(max(0.0, due - time.monotonic()))
             if self._stop.is_set():
                 break
+            if self._wake.is_set():  # a lease was added: it may be due sooner, not now
+                self._wake.clear()
+                due = min(due, time.monotonic() + self.interval())
+                if time.monotonic() < due:
+                    continue
             try:
                 self.beat()
             except Exception:  # keep beating: a lost beat costs a lease, a dead thread all
                 log.exception("taskdedup heartbeat failed")
+            due = time.monotonic() + self.interval()
 
 
 class AsyncHeartbeat(_Leases):
@@ -132,14 +139,21 @@ class AsyncHeartbeat(_Leases):
 
     async def _loop(self) -> None:
         assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.interval()
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval())
-            self._wake.clear()
+                await asyncio.wait_for(self._wake.wait(), max(0.0, due - loop.time()))
+            if self._wake.is_set():  # a lease was added: it may be due sooner, not now
+                self._wake.clear()
+                due = min(due, loop.time() + self.interval())
+                if loop.time() < due:
+                    continue
             try:
                 await self.beat()
             except Exception:
                 log.exception("taskdedup heartbeat failed")
+            due = loop.time() + self.interval()
 
 
 class Confirmer:

@@ -175,6 +175,9 @@ class Confirmer:
             if self._pid != os.getpid():  # first use, or a forked child: start our thread
                 self._pid = os.getpid()
                 self._start()
+            first = len(self._pending) == 1
+        if first:  # the thread sleeps while nothing is pending
+            self._wake.set()
 
     def _start(self) -> None:
         self._stop.clear()
@@ -205,5 +208,7 @@ class Confirmer:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.interval)
+            self._wake.wait()
+            self._wake.clear()
+            self._stop.wait(self.interval)  # let a batch gather
             self.flush()

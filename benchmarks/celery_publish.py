@@ -94,25 +94,29 @@ LIBRARIES: dict[str, Callable[[str, str], Callable[..., Any]]] = {
 }
 
 
-def _rows(library: str, send: Callable[..., Any], n: int) -> list[Row]:
-    return [
-        measure(GROUP, f"{library}, unique args", n, lambda i: send((i,))),
-        measure(GROUP, f"{library}, repeated args", n, lambda i: send((-7,))),
-    ]
-
-
-def run(url: str, n: int = 2000) -> list[Row]:
+def run(url: str, n: int = 2000, rounds: int = 4) -> list[Row]:
+    """Interleave the libraries over ``rounds`` so machine noise falls on all of them alike."""
     client = redis.Redis.from_url(url)
-    rows = []
+    prefixes = {name: "tdbench-" + uuid.uuid4().hex[:8] for name in LIBRARIES}
     try:
-        for library, make in LIBRARIES.items():
-            prefix = "tdbench-" + uuid.uuid4().hex[:8]
-            send = make(url, prefix)
-            try:
-                rows += _rows(library, send, n)
-            finally:
-                for key in client.scan_iter(match=prefix + "*", count=1000):
-                    client.unlink(key)
+        senders = {name: make(url, prefixes[name]) for name, make in LIBRARIES.items()}
+        samples: dict[str, list[int]] = {}
+        counter = 0
+        for _ in range(rounds):
+            for name, send in senders.items():
+                for label, args in (("unique args", None), ("repeated args", (-7,))):
+                    start = counter
+                    counter += n // rounds + 100
+                    row = measure(
+                        GROUP,
+                        label,
+                        n // rounds,
+                        lambda i, a=args, s=start, f=send: f(a or (s + i,)),
+                    )
+                    samples.setdefault(f"{name}, {label}", []).extend(row.samples_ns)
+        return [Row(GROUP, name, values) for name, values in samples.items()]
     finally:
+        for prefix in prefixes.values():
+            for key in client.scan_iter(match=prefix + "*", count=1000):
+                client.unlink(key)
         client.close()
-    return rows

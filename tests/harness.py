@@ -6,13 +6,52 @@ waits for the server's real clock, polling with a deadline (never a bare sleep).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from taskdedup.stores.base import Store
 from taskdedup.stores.memory import MemoryStore
 from taskdedup.testing import FakeClock
+
+T = TypeVar("T")
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 15.0,
+    what: str = "the condition",
+    ignore: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail at the deadline.
+
+    Exceptions of the ``ignore`` types count as "not yet" (a server still starting, say).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except ignore:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def race(n: int, call: Callable[[int], T]) -> list[T]:
+    """Run ``call(i)`` for i in range(n) on n threads released at the same instant."""
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> T:
+        barrier.wait()
+        return call(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
 
 
 class Harness:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,20 +12,10 @@ import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
+from harness import race, wait_for
 from taskdedup import DuplicateJob, KeyEncodingError
 from taskdedup.celery import deduplicate, install
 from taskdedup.stores.base import Inspect
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "it") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def make_app(redis_url: str, prefix: str, **conf: Any) -> Celery:
@@ -72,14 +61,7 @@ def test_32_threads_delay_the_same_call_one_message_one_id(
         runs.append(sha)
         return sha
 
-    barrier = threading.Barrier(32)
-
-    def submit(_: int) -> Any:
-        barrier.wait()
-        return build.delay("abc123")
-
-    with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(submit, range(32)))
+    results = race(32, lambda _: build.delay("abc123"))
     ids = {r.id for r in results}
     assert len(ids) == 1
     assert sum(not r.deduplicated for r in results) == 1

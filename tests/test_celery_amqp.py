@@ -7,10 +7,8 @@ reason, when no broker answers. Each test declares its own queue and deletes it 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -18,6 +16,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from kombu import Connection
 
+from harness import race
 from taskdedup.celery import deduplicate, install
 
 AMQP_URL = os.environ.get("TASKDEDUP_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -71,14 +70,7 @@ def test_32_threads_one_message_one_id_on_rabbitmq(app: Celery) -> None:
         runs.append(sha)
         return sha
 
-    barrier = threading.Barrier(32)
-
-    def submit(_: int) -> Any:
-        barrier.wait()
-        return build.delay("abc")
-
-    with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(submit, range(32)))
+    results = race(32, lambda _: build.delay("abc"))
     assert len({r.id for r in results}) == 1
     deadline = time.monotonic() + 10
     while messages_in(app) != 1 and time.monotonic() < deadline:

@@ -14,18 +14,9 @@ from typing import Any
 import pytest
 import redis
 
+from harness import wait_for
+
 HERE = Path(__file__).resolve().parent
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def delete_queue(app: Any, queue: str) -> None:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import redis
 
+from harness import race
 from taskdedup import Deduplicator, Heartbeat, MemoryStore, Policy, RedisStore, Settings, Ticket
 from taskdedup.stores.base import Confirm, Lease, Store
 from taskdedup.testing import FakeClock
@@ -21,17 +20,6 @@ def build(user_id: int) -> None: ...
 
 
 BUILD = Policy("until_executed").bind("ci.build", build)
-
-
-def race(n: int, enqueue: Callable[[int], Ticket]) -> list[Ticket]:
-    barrier = threading.Barrier(n)
-
-    def one(i: int) -> Ticket:
-        barrier.wait()
-        return enqueue(i)
-
-    with ThreadPoolExecutor(n) as pool:
-        return list(pool.map(one, range(n)))
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "redis"])

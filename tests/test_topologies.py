@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from harness import wait_for
 from redis_server import PrivateRedis, find_redis_server_binary
 from taskdedup import Deduplicator, Heartbeat, Policy, RedisStore, Settings
 from taskdedup.stores.base import Confirm, Inspect, Lease, Scan
@@ -27,20 +27,6 @@ def build(commit: str) -> None: ...
 
 
 POLICY = Policy("until_executed", lease=5).bind("ci.build", build)
-
-
-def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (redis.RedisError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def exercise(store: RedisStore) -> None:
@@ -103,7 +89,11 @@ def cluster(tmp_path: Path) -> Iterator[str]:
         for c in clients[1:]:
             c.execute_command("CLUSTER", "MEET", host, port)
         for c in clients:
-            wait_for(lambda c=c: c.cluster("info")["cluster_state"] == "ok", what="cluster ok")
+            wait_for(
+                lambda c=c: c.cluster("info")["cluster_state"] == "ok",
+                what="cluster ok",
+                ignore=(redis.RedisError, OSError),
+            )
             c.close()
         yield f"redis+cluster://127.0.0.1:{nodes[0].port}"
     finally:
@@ -139,6 +129,7 @@ def sentinel(tmp_path: Path) -> Iterator[str]:
             wait_for(
                 lambda: probe.execute_command("SENTINEL", "get-master-addr-by-name", "tdmaster"),
                 what="sentinel",
+                ignore=(redis.RedisError, OSError),
             )
             probe.close()
             yield f"redis+sentinel://127.0.0.1:{port}/tdmaster/0"

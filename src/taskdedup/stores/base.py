@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
 from typing import Generic, Literal, TypeVar
 
 R = TypeVar("R")
@@ -221,7 +220,3 @@ class Store(abc.ABC):
 def ms(seconds: float) -> int:
     """Seconds to whole milliseconds, at least 1."""
     return max(1, round(seconds * 1000))
-
-
-def batched(items: Sequence[R], size: int) -> list[Sequence[R]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -489,3 +489,23 @@ def test_until_and_while_executing_accepts_a_new_job_but_runs_it_after(
         second.get(timeout=30)
     kinds = [kind for kind, _, _ in sorted(runs, key=lambda r: r[2])]
     assert kinds == ["start", "end", "start", "end"]
+
+
+def test_a_deferred_job_keeps_its_callbacks(app: Celery, runs: list[Any]) -> None:
+    @app.task(shared=False)
+    def after(value: str) -> None:
+        runs.append(("after", value))
+
+    @deduplicate("while_executing", lease=5)
+    @app.task(shared=False)
+    def step(name: str) -> str:
+        time.sleep(0.3)
+        return name
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        first = step.apply_async(("a",), link=after.s())
+        second = step.apply_async(("a",), link=after.s())  # busy when it starts: deferred
+        first.get(timeout=20)
+        second.get(timeout=30)
+        wait_for(lambda: len(runs) == 2, what="both callbacks")
+    assert runs == [("after", "a"), ("after", "a")]

@@ -119,13 +119,8 @@ class Worker:
         the lease); a copy of a finished job is dropped."""
         if admission.outcome in ("busy", "running"):
             delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
-            task.apply_async(
-                args,
-                kwargs,
-                task_id=admission.job_id,
-                countdown=delay,
-                headers={KEY_HEADER: admission.key},
-            )
+            # the same message again (id, queue, callbacks, chain, headers), only later
+            task.signature_from_request(task.request, args, kwargs, countdown=delay).apply_async()
             action = f"deferred {delay:g}s"
         else:
             action = "dropped"

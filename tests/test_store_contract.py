@@ -337,3 +337,14 @@ def test_the_holder_acquiring_again_changes_nothing(h: Harness) -> None:
     assert again.acquired and again.fence == first.fence and again.duplicates == 1
     info = h.store.run(Inspect(k))
     assert info is not None and info.duplicates == 1 and not info.confirmed
+
+
+def test_a_finished_job_sent_again_does_not_keep_the_lock_it_took(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", "release"))
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    assert h.store.run(acquire(k, "A")).acquired  # a late re-send of A takes the free key
+    assert h.store.run(claim(k, "A", "release", owner="w2")).outcome == "done"
+    assert h.store.run(Inspect(k)) is None  # ...and gives it back when it is refused
+    assert h.store.run(acquire(k, "B")).acquired

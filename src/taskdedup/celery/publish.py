@@ -51,7 +51,7 @@ class Publisher:
         integ = self.integration
         task = integ.app.tasks.get(name)
         policy = task_policy(task, integ.settings) if task is not None else None
-        if policy is None or any(options.get(name) for name in CANVAS_OPTIONS):
+        if policy is None or any(options.get(option) for option in CANVAS_OPTIONS):
             return self.original(name, args, kwargs, **options)
         wrap_task(integ, task)  # a task registered after the app was finalized
         dedup = integ.dedup

@@ -157,7 +157,8 @@ class MemoryStore(Store):
         rec = self._get(job_name, now)
         attempts = 1
         if rec is not None:
-            if rec["s"] == "d":
+            if rec["s"] == "d":  # a finished job holds nothing: free what a late re-send took
+                self._release_locks(op.key, op.job_id, now)
                 return ClaimReply("done", rec["f"], rec["a"], rec["o"])
             attempts = rec["a"] + 1
             if rec["s"] == "r":

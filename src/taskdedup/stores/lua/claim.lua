@@ -9,7 +9,11 @@ local now = now_ms()
 local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f')
 local attempts = 1
 if rec[1] then
-  if rec[1] == 'd' then return {'done', rec[6], rec[4], rec[2]} end
+  if rec[1] == 'd' then  -- a finished job holds nothing: free what a late re-send took
+    release_if_holder(KEYS[1], job)
+    release_if_holder(KEYS[2], job)
+    return {'done', rec[6], rec[4], rec[2]}
+  end
   attempts = tonumber(rec[4]) + 1
   if rec[1] == 'r' then
     local newer = ARGV[8] ~= '' and rec[5] and rec[5] ~= '' and tonumber(ARGV[8]) > tonumber(rec[5])

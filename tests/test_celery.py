@@ -15,6 +15,7 @@ from celery.contrib.testing.worker import start_worker
 from harness import race, wait_for
 from taskdedup import DuplicateJob, KeyEncodingError
 from taskdedup.celery import deduplicate, install
+from taskdedup.celery.tasks import task_policy
 from taskdedup.stores.base import Inspect
 
 
@@ -290,30 +291,67 @@ def test_task_option_and_class_based_tasks_with_an_inherited_policy(
 
 
 def test_a_failed_publish_releases_the_lock_before_the_error(
-    app: Celery, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A store other than the broker: the lock is taken first, so a failed publish must give
+    it back before the caller sees the error (G5)."""
     from kombu import Producer
     from kombu.exceptions import OperationalError
+
+    from taskdedup import RedisStore
+
+    app = make_app(redis_url, key_prefix)
+    store = RedisStore(redis.Redis.from_url(redis_url), prefix=key_prefix)
+    integ = install(app, store=store)
+    assert not integ.fused_publish
 
     @deduplicate("until_executed")
     @app.task(shared=False)
     def notify(user: int) -> None: ...
 
-    integ = install(app)
     key = scheduled_key(app, notify, 1)
     seen_during_publish = []
 
     def broken_publish(self: Any, *args: Any, **kwargs: Any) -> None:
-        seen_during_publish.append(integ.dedup.store.run(Inspect(key)))
+        seen_during_publish.append(store.run(Inspect(key)))
         raise OperationalError("broker went away")
 
     monkeypatch.setattr(Producer, "publish", broken_publish)
     with pytest.raises(OperationalError):
         notify.delay(1)
     assert seen_during_publish and seen_during_publish[0] is not None  # it was locked...
-    assert integ.dedup.store.run(Inspect(key)) is None  # ...and released before the raise
+    assert store.run(Inspect(key)) is None  # ...and released before the raise
     monkeypatch.undo()
     assert not notify.delay(1).deduplicated
+
+
+def test_on_the_brokers_redis_lock_and_message_go_out_together(
+    app: Celery, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    """Store = broker: one script takes the lock and pushes the message, so the lock needs no
+    confirmation; if the push fails, no lock is left behind."""
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def notify(user: int) -> None: ...
+
+    integ = install(app)
+    assert integ.fused_publish
+    store = integ.dedup.store
+    key = scheduled_key(app, notify, 1)
+    queue_key = f"{key_prefix}:kombu:{key_prefix}-q"
+    redis_client.set(queue_key, "not a list")  # the push inside the script fails...
+    step = integ.dedup.plan_enqueue(task_policy(notify, integ.settings), (1,))
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        store.acquire_and_push(step.op, queue_key, "{}")  # type: ignore[union-attr]
+    assert store.run(Inspect(key)) is None  # ...and leaves no lock behind
+    redis_client.delete(queue_key)
+    first = notify.delay(1)
+    assert not first.deduplicated
+    info = integ.dedup.store.run(Inspect(key))
+    assert info is not None and info.job_id == first.id and info.confirmed  # no grace needed
+    assert redis_client.llen(queue_key) == 1
+    assert notify.delay(1).id == first.id and redis_client.llen(queue_key) == 1
 
 
 def test_store_outage_follows_on_store_error(redis_url: str, key_prefix: str) -> None:
@@ -509,3 +547,41 @@ def test_a_deferred_job_keeps_its_callbacks(app: Celery, runs: list[Any]) -> Non
         second.get(timeout=30)
         wait_for(lambda: len(runs) == 2, what="both callbacks")
     assert runs == [("after", "a"), ("after", "a")]
+
+
+def test_a_key_held_by_another_process_is_found_in_the_push(
+    app: Celery, redis_url: str, key_prefix: str
+) -> None:
+    """This process never saw the key held, so it builds the message and the fused script
+    finds the holder: nothing is pushed, after_task_publish does not fire, and the caller gets
+    the holder's handle (or DuplicateJob)."""
+    from celery.signals import after_task_publish
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def notify(user: int) -> None: ...
+
+    @deduplicate("until_executed", on_conflict="raise")
+    @app.task(shared=False)
+    def strict(user: int) -> None: ...
+
+    integ = install(app)
+    other = integ.dedup  # the same store, as another producer process would use it
+    other.enqueue(task_policy(notify, integ.settings), (1,), job_id="held-elsewhere")
+    other.enqueue(task_policy(strict, integ.settings), (1,), job_id="strict-elsewhere")
+    published: list[str] = []
+
+    def record(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        published.append(headers["id"])
+
+    after_task_publish.connect(record, weak=False)
+    try:
+        result = notify.delay(1)
+        assert result.deduplicated and result.id == "held-elsewhere"
+        with pytest.raises(DuplicateJob) as raised:
+            strict.delay(1)
+        assert raised.value.job_id == "strict-elsewhere"
+        assert not notify.delay(2).deduplicated
+    finally:
+        after_task_publish.disconnect(record)
+    assert queue_length(app, redis_url, key_prefix) == 1 and len(published) == 1

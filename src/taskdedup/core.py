@@ -1,6 +1,6 @@
 """Deduplicator: the decisions of the lock diagram, with no framework imports.
 
-Each decision is planned once as a :class:`_Step` (the store operation to run, how to read its
+Each decision is planned once as a :class:`Step` (the store operation to run, how to read its
 reply, what to do if the store is down) and executed by a sync or an asyncio runner, so Celery
 (sync) and taskiq (asyncio) share one copy of the logic. Settings that apply to every decision
 (``enabled``, ``dry_run``, ``disabled_tasks``, ``on_store_error``) are applied here, once, for
@@ -104,7 +104,11 @@ class Completion:
 
 
 @dataclasses.dataclass(slots=True)
-class _Step(Generic[T]):
+class Step(Generic[T]):
+    """A planned decision: the store operation to run, how to read its reply, and what to do
+    if the store is down. An adapter with a faster way to run ``op`` (the Celery adapter
+    fuses an enqueue's acquire with the broker's push) runs it itself and calls ``done``."""
+
     op: Op[Any]
     done: Callable[[Any], T]
     failed: Callable[[StoreUnavailable], T]
@@ -142,14 +146,18 @@ class Deduplicator:
 
     # ------------------------------------------------------------------ runners
 
-    def _run(self, step: _Step[T]) -> T:
+    def run(self, step: Step[T]) -> T:
+        """Execute a planned Step against the store (``plan_enqueue`` and friends)."""
+        return self._run(step)
+
+    def _run(self, step: Step[T]) -> T:
         try:
             reply = self.store.run(step.op)
         except StoreUnavailable as exc:
             return step.failed(exc)
         return step.done(reply)
 
-    async def _arun(self, step: _Step[T]) -> T:
+    async def _arun(self, step: Step[T]) -> T:
         try:
             reply = await self.store.arun(step.op)
         except StoreUnavailable as exc:
@@ -186,7 +194,7 @@ class Deduplicator:
         Raises DuplicateJob when the policy says ``on_conflict="raise"``. After publishing an
         acquired ticket call :meth:`published`; if the publish fails, :meth:`publish_failed`.
         """
-        step = self._plan_enqueue(policy, args, kwargs, job_id, queue, delay, payload)
+        step = self.plan_enqueue(policy, args, kwargs, job_id, queue, delay, payload)
         return step if isinstance(step, Ticket) else self._run(step)
 
     async def aenqueue(
@@ -201,19 +209,21 @@ class Deduplicator:
         payload: str | None = None,
     ) -> Ticket:
         """The asyncio twin of :meth:`enqueue`."""
-        step = self._plan_enqueue(policy, args, kwargs, job_id, queue, delay, payload)
+        step = self.plan_enqueue(policy, args, kwargs, job_id, queue, delay, payload)
         return step if isinstance(step, Ticket) else await self._arun(step)
 
-    def _plan_enqueue(
+    def plan_enqueue(
         self,
         tp: TaskPolicy,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any] | None,
-        job_id: str | None,
-        queue: str | None,
-        delay: float,
-        payload: str | None,
-    ) -> Ticket | _Step[Ticket]:
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        job_id: str | None = None,
+        queue: str | None = None,
+        delay: float = 0.0,
+        payload: str | None = None,
+    ) -> Ticket | Step[Ticket]:
+        """:meth:`enqueue` without running it: a Ticket when no store call is needed, else the
+        Step whose ``op`` is an :class:`Acquire` (raises KeyEncodingError for bad arguments)."""
         job_id = job_id or str(uuid.uuid4())
         p, task = tp.policy, tp.task
         if not self.active(task) or p.strategy not in ENQUEUE_LOCKING:
@@ -254,7 +264,7 @@ class Deduplicator:
             self._store_down("enqueue", task, exc, key=key, job=job_id)
             return Ticket("store_unavailable", job_id, key)
 
-        return _Step(op, done, failed)
+        return Step(op, done, failed)
 
     def published(self, ticket: Ticket) -> None:
         """The job of an acquired ticket is in the broker: confirm its lock (batched, G11)."""
@@ -312,7 +322,7 @@ class Deduplicator:
         kwargs: Mapping[str, Any] | None,
         queue: str | None,
         attempt: int | None,
-    ) -> Admission | _Step[Admission]:
+    ) -> Admission | Step[Admission]:
         p, task = tp.policy, tp.task
         if not self.active(task):
             return Admission("skipped", job_id, key)
@@ -358,7 +368,7 @@ class Deduplicator:
             self._store_down("claim", task, exc, key=key, job=job_id)
             return Admission("store_unavailable", job_id, key)
 
-        return _Step(op, done, failed)
+        return Step(op, done, failed)
 
     # ------------------------------------------------------------------ while running
 
@@ -371,7 +381,7 @@ class Deduplicator:
         batch = tuple(leases)
         return await self._arun(self._plan_heartbeat(batch)) if batch else ()
 
-    def _plan_heartbeat(self, batch: tuple[Lease, ...]) -> _Step[tuple[bool, ...] | None]:
+    def _plan_heartbeat(self, batch: tuple[Lease, ...]) -> Step[tuple[bool, ...] | None]:
         def done(reply: tuple[bool, ...]) -> tuple[bool, ...]:
             lost = [lease for lease, alive in zip(batch, reply, strict=True) if not alive]
             with self._stats_lock:
@@ -386,7 +396,7 @@ class Deduplicator:
             self._note("heartbeat", "store_unavailable", logging.WARNING, "?", error=exc)
             return None
 
-        return _Step(Heartbeat(batch), done, failed)
+        return Step(Heartbeat(batch), done, failed)
 
     # ------------------------------------------------------------------ retry, finish, release
 
@@ -415,7 +425,7 @@ class Deduplicator:
 
     def _plan_retry(
         self, tp: TaskPolicy, key: str, job_id: str, delay: float, attempt: int | None
-    ) -> _Step[bool]:
+    ) -> Step[bool]:
         op = Retry(key, job_id, ms(tp.policy.ttl_seconds + max(delay, 0.0)), attempt)
 
         def done(kept: bool) -> bool:
@@ -428,7 +438,7 @@ class Deduplicator:
             self._note("retry", "store_unavailable", logging.WARNING, tp.task, error=exc)
             return False
 
-        return _Step(op, done, failed)
+        return Step(op, done, failed)
 
     def finish(
         self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None
@@ -443,7 +453,7 @@ class Deduplicator:
 
     def _plan_finish(
         self, tp: TaskPolicy, key: str, job_id: str, attempt: int | None
-    ) -> _Step[Completion]:
+    ) -> Step[Completion]:
         p = tp.policy
         holds = p.strategy in HOLD_WHILE_RUNNING or p.strategy in RUN_LOCKING
         reschedule = p.on_conflict == "reschedule_once" and p.strategy in HOLD_WHILE_RUNNING
@@ -479,7 +489,7 @@ class Deduplicator:
             self._note("finish", "store_unavailable", logging.WARNING, tp.task, error=exc)
             return Completion(False)
 
-        return _Step(op, done, failed)
+        return Step(op, done, failed)
 
     def release(self, key: str, job_id: str, *, task: str = "?") -> bool:
         """Owner-checked release (failed publish, revoke): only ``job_id``'s lock goes."""
@@ -488,7 +498,7 @@ class Deduplicator:
     async def arelease(self, key: str, job_id: str, *, task: str = "?") -> bool:
         return await self._arun(self._plan_release(key, job_id, task))
 
-    def _plan_release(self, key: str, job_id: str, task: str) -> _Step[bool]:
+    def _plan_release(self, key: str, job_id: str, task: str) -> Step[bool]:
         def done(released: bool) -> bool:
             self._note(
                 "release",
@@ -504,7 +514,7 @@ class Deduplicator:
             self._note("release", "store_unavailable", logging.WARNING, task, error=exc)
             return False
 
-        return _Step(Release(key, job_id), done, failed)
+        return Step(Release(key, job_id), done, failed)
 
     def close(self) -> None:
         """Flush pending confirmations and stop background work."""

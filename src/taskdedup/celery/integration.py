@@ -11,9 +11,10 @@ from celery import signals
 
 from ..background import Heartbeat
 from ..core import Deduplicator
-from ..stores import Store
+from ..stores import RedisStore, Store
 from .config import settings_from_app, store_for_app
 from .publish import Publisher
+from .redis_push import install_hooks
 from .worker import Worker, on_revoked, wrap_task
 
 
@@ -27,6 +28,7 @@ class CeleryDedup:
         self._dedup: Deduplicator | None = None
         self._heartbeat: Heartbeat | None = None
         self._heartbeat_pid = 0
+        self._fused: bool | None = None
         self._mutex = threading.Lock()
         self.worker = Worker(self)
 
@@ -39,6 +41,23 @@ class CeleryDedup:
                     store = self._store or store_for_app(self.app, self.settings)
                     self._dedup = Deduplicator(store, self.settings)
         return self._dedup
+
+    @property
+    def fused_publish(self) -> bool:
+        """Whether a fresh key's lock is taken in the broker's own push (one round trip):
+        the store was made from the broker's URL and the broker is kombu's Redis transport."""
+        if self._fused is None:
+            from kombu.transport.redis import Transport
+
+            store = self.dedup.store
+            self._fused = (
+                isinstance(store, RedisStore)
+                and store.url is not None
+                and store.url == self.app.conf.broker_url
+                and not self.settings.dry_run
+                and isinstance(self.app.connection_for_write().transport, Transport)
+            )
+        return self._fused
 
     def heartbeat(self) -> Heartbeat:
         """This process's heartbeat thread (a fresh one in each forked pool child)."""
@@ -79,6 +98,7 @@ def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedu
         return integ
     integ = CeleryDedup(app, store, settings)
     _installed[app] = integ
+    install_hooks()
     app.send_task = Publisher(integ, app.send_task)
     if app.finalized:
         integ.wrap_tasks()

@@ -2,17 +2,23 @@
 
 ``delay``, ``apply_async``, signatures and canvas members, ETA/countdown, ``send_task`` by name,
 beat and ``Task.retry`` all call ``app.send_task``; so one wrapper sees every publish. A retry
-(``retries > 0``) keeps its lock; anything else asks the Deduplicator first.
+(``retries > 0``) keeps its lock; anything else asks the Deduplicator first, or, on a Redis
+broker that is also the store, takes the lock where kombu pushes the message (redis_push).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, cast
 
 from kombu.utils.uuid import uuid
 
+from ..core import Step, Ticket
+from ..stores.base import Acquire
+from ..stores.redis import RedisStore
 from .messages import KEY_HEADER, dump_call
+from .redis_push import PENDING, NotPublished, PendingEnqueue
 from .tasks import task_policy
 from .worker import wrap_task
 
@@ -22,6 +28,10 @@ if TYPE_CHECKING:
 #: A message that belongs to a group or chord, or carries what runs after it, is never dropped
 #: at enqueue: the canvas waits for that very id, so a deduplicated member would hang it.
 CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
+#: A key seen held is asked about first for this long: a duplicate is then found before Celery
+#: builds a message (the fused push would find it only after).
+RECENT_SECONDS = 10.0
+RECENT_KEYS = 10_000
 
 
 def delay_of(options: dict[str, Any]) -> float:
@@ -46,6 +56,7 @@ class Publisher:
     def __init__(self, integration: CeleryDedup, original: Any) -> None:
         self.integration = integration
         self.original = original
+        self.recently_held: dict[str, float] = {}  # key -> until when it is asked about first
 
     def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         integ = self.integration
@@ -55,17 +66,16 @@ class Publisher:
             return self.original(name, args, kwargs, **options)
         wrap_task(integ, task)  # a task registered after the app was finalized
         dedup = integ.dedup
-        headers = dict(options.get("headers") or {})
         delay = delay_of(options)
         queue = options.get("queue") or getattr(task, "queue", None)
         if queue is not None and not isinstance(queue, str):  # a kombu Queue
             queue = getattr(queue, "name", str(queue))
         retries = options.get("retries") or 0
         if retries and options.get("task_id"):  # Task.retry: same id, keeps its lock (G6)
+            headers = options.get("headers") or {}
             key = headers.get(KEY_HEADER) or policy.key_for(args or (), kwargs or {}, queue)
             dedup.retry(policy, key, options["task_id"], delay=delay, attempt=retries - 1)
-            headers[KEY_HEADER] = key
-            options["headers"] = headers
+            _add_key(key, options)
             return self.original(name, args, kwargs, **options)
 
         job_id = options.get("task_id") or uuid()
@@ -74,24 +84,23 @@ class Publisher:
             payload = dump_call(
                 args or (), kwargs or {}, options.get("serializer") or task.serializer
             )
-        ticket = dedup.enqueue(
-            policy,
-            args or (),
-            kwargs or {},
-            job_id=job_id,
-            queue=queue,
-            delay=delay,
-            payload=payload,
-        )
+        plan = dedup.plan_enqueue(policy, args or (), kwargs or {}, job_id, queue, delay, payload)
+        options["task_id"] = job_id
+        if isinstance(plan, Step) and self._fusable(plan):
+            return self._publish_fused(plan, job_id, name, args, kwargs, options)
+        ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)
+        self._remember(ticket)
         if ticket.deduplicated:
-            result_cls = options.get("result_cls") or integ.app.AsyncResult
-            result = result_cls(ticket.job_id)
-            result.deduplicated = True
-            return result
-        options["task_id"] = ticket.job_id
+            return self._holder(ticket, options)
+        return self._publish(ticket, name, args, kwargs, options)
+
+    def _publish(
+        self, ticket: Ticket, name: str, args: Any, kwargs: Any, options: dict[str, Any]
+    ) -> Any:
+        """Publish an acquired (or skipped) ticket's job; release its lock if that fails."""
+        dedup = self.integration.dedup
         if ticket.key is not None:
-            headers[KEY_HEADER] = ticket.key
-            options["headers"] = headers
+            _add_key(ticket.key, options)
         try:
             result = self.original(name, args, kwargs, **options)
         except BaseException:
@@ -100,3 +109,83 @@ class Publisher:
         dedup.published(ticket)
         result.deduplicated = False
         return result
+
+    def _publish_fused(
+        self,
+        step: Step[Ticket],
+        job_id: str,
+        name: str,
+        args: Any,
+        kwargs: Any,
+        options: dict[str, Any],
+    ) -> Any:
+        """Publish with the lock taken where kombu pushes the message (see redis_push)."""
+        dedup = self.integration.dedup
+        pending = PendingEnqueue(job_id, step, cast(RedisStore, dedup.store))
+        _add_key(pending.op.key, options)
+        token = PENDING.set(pending)
+        try:
+            result = self.original(name, args, kwargs, **options)
+        except NotPublished:
+            self._forget_subscription(job_id, options)
+            ticket = step.done(pending.reply)  # a duplicate; raises DuplicateJob if asked to
+            self._remember(ticket)
+            return self._holder(ticket, options)
+        except BaseException:
+            if pending.reply is not None and not pending.fused:
+                dedup.publish_failed(step.done(pending.reply))  # G5
+            raise
+        finally:
+            PENDING.reset(token)
+        if pending.ticket is not None:  # the store was down: published without dedup
+            ticket = pending.ticket
+        elif pending.reply is not None:
+            ticket = step.done(pending.reply)
+            if not pending.fused:
+                dedup.published(ticket)
+        else:  # the message left by a way that was not hooked: take its lock now
+            ticket = dedup.run(step)
+            dedup.published(ticket)
+        self._remember(ticket)
+        result.deduplicated = False
+        return result
+
+    def _fusable(self, step: Step[Ticket]) -> bool:
+        """Worth taking the lock inside the push: a Redis broker on the store's server, and a
+        key not seen held lately (a likely duplicate is cheaper to ask about first)."""
+        if not self.integration.fused_publish:
+            return False
+        seen = self.recently_held.get(cast(Acquire, step.op).key)
+        return seen is None or seen < time.monotonic()
+
+    def _remember(self, ticket: Ticket) -> None:
+        """Note keys seen held, so the next call for them asks before building a message."""
+        if ticket.key is None:
+            return
+        if ticket.outcome == "duplicate" or ticket.acquired:
+            if len(self.recently_held) >= RECENT_KEYS:
+                self.recently_held.clear()
+            self.recently_held[ticket.key] = time.monotonic() + RECENT_SECONDS
+
+    def _holder(self, ticket: Ticket, options: dict[str, Any]) -> Any:
+        result_cls = options.get("result_cls") or self.integration.app.AsyncResult
+        result = result_cls(ticket.job_id)
+        result.deduplicated = True
+        return result
+
+    def _forget_subscription(self, job_id: str, options: dict[str, Any]) -> None:
+        """Celery subscribed to the result of the message it built; no such job will exist."""
+        app = self.integration.app
+        if options.get("ignore_result", app.conf.task_ignore_result):
+            return
+        consumer = getattr(app.backend, "result_consumer", None)
+        cancel = getattr(consumer, "cancel_for", None)
+        if cancel is not None:
+            cancel(job_id)
+
+
+def _add_key(key: str, options: dict[str, Any]) -> None:
+    """The dedup key travels in a header, so the worker need not compute it again."""
+    headers = dict(options.get("headers") or {})
+    headers[KEY_HEADER] = key
+    options["headers"] = headers

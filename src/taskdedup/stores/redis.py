@@ -1,8 +1,8 @@
 """RedisStore: the store protocol on Redis or Valkey (standalone, Sentinel, Cluster).
 
 Each primitive is one Lua script (``lua/*.lua`` beside this file, with ``lib.lua`` prepended),
-run with EVALSHA through redis-py's ``Script`` objects, which load it once and reload it after
-a NOSCRIPT. One operation is one round trip; batches (heartbeats, confirmations) go out as one
+run with EVALSHA and loaded on the first NOSCRIPT (after a restart or a ``SCRIPT FLUSH``). One
+operation is one round trip; batches (heartbeats, confirmations) go out as one
 pipeline. All records of one dedup key share a Cluster hash tag, so every script touches a
 single slot. Time is read from the Redis server inside the scripts.
 """
@@ -113,8 +113,6 @@ class RedisStore(Store):
         self._options = client_options or {}
         self._client = client
         self._async_client = async_client
-        self._scripts: dict[str, Any] = {}
-        self._async_scripts: dict[str, Any] = {}
         self._builders: dict[type[Any], Callable[[Any], _Call]] = {
             Acquire: self._acquire,
             Claim: self._claim,
@@ -176,17 +174,21 @@ class RedisStore(Store):
             return sentinel.master_for(path[0], db=db, **auth)
         return lib.Redis.from_url(url, **self._options)
 
-    def _script(self, name: str) -> Any:
-        script = self._scripts.get(name)
-        if script is None:
-            script = self._scripts[name] = self.client.register_script(_SOURCES[name])
-        return script
+    def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA the script, loading it once on NOSCRIPT (cheaper than redis-py's Script)."""
+        try:
+            return self.client.evalsha(_SHAS[name], len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            self.client.script_load(_SOURCES[name])
+            return self.client.evalsha(_SHAS[name], len(keys), *keys, *args)
 
-    def _async_script(self, name: str) -> Any:
-        script = self._async_scripts.get(name)
-        if script is None:
-            script = self._async_scripts[name] = self.async_client.register_script(_SOURCES[name])
-        return script
+    async def _aeval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        client = self.async_client
+        try:
+            return await client.evalsha(_SHAS[name], len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            await client.script_load(_SOURCES[name])
+            return await client.evalsha(_SHAS[name], len(keys), *keys, *args)
 
     # -- the protocol
 
@@ -195,7 +197,7 @@ class RedisStore(Store):
             builder = self._builders.get(type(op))
             if builder is not None:
                 call = builder(op)
-                raw = self._script(call.script)(keys=call.keys, args=call.args)
+                raw = self._eval(call.script, call.keys, call.args)
                 return cast(R, call.parse(raw))
             return cast(R, self._run_special(op))
         except _UNAVAILABLE as exc:
@@ -206,14 +208,46 @@ class RedisStore(Store):
             builder = self._builders.get(type(op))
             if builder is not None:
                 call = builder(op)
-                script = self._async_script(call.script)
-                raw = await script(keys=call.keys, args=call.args)
+                raw = await self._aeval(call.script, call.keys, call.args)
                 return cast(R, call.parse(raw))
             if self._async_client is None and self.url is None:
                 return cast(R, await asyncio.to_thread(self._run_special, op))
             return cast(R, await self._arun_special(op))
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
+
+    # -- a broker on this same server: lock and message in one step
+
+    def shares_server(self, connection_kwargs: dict[str, Any]) -> bool:
+        """True when a client with these connection settings talks to our standalone server
+        and database, so a script of ours may also write that client's keys."""
+        if isinstance(self.client, redis.cluster.RedisCluster):
+            return False
+        ours = self.client.connection_pool.connection_kwargs
+        fields = ("host", "port", "db", "path", "username")
+        return all(_same(ours.get(name), connection_kwargs.get(name), name) for name in fields)
+
+    def acquire_and_push(self, op: Acquire, queue: str, message: str | bytes) -> AcquireReply:
+        """:class:`Acquire`, and when the lock is ours LPUSH ``message`` onto the list ``queue``
+        in the same script: one round trip, and no window where one exists without the other
+        (so the lock needs no confirmation, G11). ``queue`` must live on this server."""
+        call = self._acquire(op)
+        try:
+            raw = self._eval("acquire", [*call.keys, queue], [*call.args, message])
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
+        return _parse_acquire(raw)
+
+    async def aacquire_and_push(
+        self, op: Acquire, queue: str, message: str | bytes
+    ) -> AcquireReply:
+        """The asyncio twin of :meth:`acquire_and_push`."""
+        call = self._acquire(op)
+        try:
+            raw = await self._aeval("acquire", [*call.keys, queue], [*call.args, message])
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
+        return _parse_acquire(raw)
 
     def close(self) -> None:
         if self._client is not None:
@@ -412,6 +446,16 @@ class RedisStore(Store):
                 if len(found) >= op.limit:
                     break
         return found
+
+
+def _same(a: Any, b: Any, name: str) -> bool:
+    if name == "host":
+        a, b = a or "localhost", b or "localhost"
+    elif name == "port":
+        a, b = int(a or 6379), int(b or 6379)
+    elif name == "db":
+        a, b = int(a or 0), int(b or 0)
+    return bool(a == b)
 
 
 def _parse_acquire(r: Any) -> AcquireReply:

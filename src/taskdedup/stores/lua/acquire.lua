@@ -1,9 +1,16 @@
 -- (none) -> QUEUED(job); QUEUED -> QUEUED with dups+1 and the latest payload kept.
 -- The holder acquiring again (a hand-off being published) changes nothing.
--- KEYS: lock, fence   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), payload, has_payload
+-- KEYS: lock, fence [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), payload,
+--   has_payload [, message]
+-- With a list (the broker's queue, on this same server) the job's message is pushed there when
+-- the lock is ours, in the same atomic step: lock and message appear together or not at all.
+-- The push is the first write, so if it fails (a key of the wrong type) nothing is written.
 -- Reply: one string "<acquired 1/0> <fence> <duplicates> <holder>" (cheaper to read than an array).
 local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd')
-if lock[1] == ARGV[1] then return '1 ' .. lock[2] .. ' ' .. lock[3] .. ' ' .. lock[1] end
+if lock[1] == ARGV[1] then
+  if KEYS[3] then redis.call('LPUSH', KEYS[3], ARGV[7]) end
+  return '1 ' .. lock[2] .. ' ' .. lock[3] .. ' ' .. lock[1]
+end
 if lock[1] then
   local dups = lock[3]
   if ARGV[4] == '1' then
@@ -12,10 +19,11 @@ if lock[1] then
   end
   return '0 ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]
 end
+if KEYS[3] then redis.call('LPUSH', KEYS[3], ARGV[7]) end
 local ttl, grace = tonumber(ARGV[2]), tonumber(ARGV[3])
 local fence = int(next_fence(KEYS[2], ttl))
 local confirmed = '0'
-if grace >= ttl then confirmed = '1'; grace = ttl end
+if grace >= ttl or KEYS[3] then confirmed = '1'; grace = ttl end
 redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0',
   'e', int(now_ms() + ttl), 'c', confirmed)
 redis.call('PEXPIRE', KEYS[1], grace)

@@ -1,0 +1,129 @@
+"""One round trip for a fresh key on a Redis broker that is also the store.
+
+The usual enqueue asks the store for the lock, then the broker pushes the message: two round
+trips. When the broker is kombu's Redis transport on the store's own server, the publisher
+instead leaves the planned acquire in a context variable and lets Celery build and publish the
+message as always; the hooked ``Channel._put`` then runs the acquire script with the message
+attached, which takes the lock and LPUSHes the message in one atomic step. A duplicate found
+there pushes nothing and raises :class:`NotPublished`, which the publisher turns into the
+holder's handle.
+
+Any other way to the queue (a fanout exchange, kombu's publish batches, queues with
+``x-expires``, another server) takes the lock first and pushes after, still inside the hook,
+so no message leaves without its lock decision.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import threading
+import weakref
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
+
+from ..core import Step, Ticket
+from ..errors import StoreUnavailable
+from ..stores.base import Acquire, AcquireReply
+from ..stores.redis import RedisStore
+
+
+class NotPublished(Exception):
+    """Raised out of the broker's publish when the key was already held: nothing was sent."""
+
+
+@dataclasses.dataclass(slots=True)
+class PendingEnqueue:
+    """An enqueue whose lock is taken where its message is pushed."""
+
+    job_id: str
+    step: Step[Ticket]
+    store: RedisStore
+    reply: AcquireReply | None = None
+    ticket: Ticket | None = None  # set when the store was down (decided by on_store_error)
+    fused: bool = False  # lock and message went out in one script
+
+    @property
+    def op(self) -> Acquire:
+        op = self.step.op
+        assert isinstance(op, Acquire)
+        return op
+
+
+PENDING: contextvars.ContextVar[PendingEnqueue | None] = contextvars.ContextVar(
+    "taskdedup_pending_enqueue", default=None
+)
+
+_shares: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_hooked = threading.Lock()
+
+
+def _message_id(message: Any) -> Any:
+    properties = message.get("properties") or {}
+    return properties.get("correlation_id") or (message.get("headers") or {}).get("id")
+
+
+def _pending_for(message: Any) -> PendingEnqueue | None:
+    pending = PENDING.get()
+    if pending is None or pending.reply is not None or pending.ticket is not None:
+        return None
+    return pending if _message_id(message) == pending.job_id else None
+
+
+def _shares_server(channel: Any, store: RedisStore) -> bool:
+    shares = _shares.get(channel)
+    if shares is None:
+        shares = _shares[channel] = store.shares_server(channel.pool.connection_kwargs)
+    return shares
+
+
+def _decide_first(pending: PendingEnqueue) -> None:
+    """Take the lock in its own round trip; raise NotPublished for a duplicate."""
+    try:
+        pending.reply = pending.store.run(pending.op)
+    except StoreUnavailable as exc:
+        pending.ticket = pending.step.failed(exc)  # raises when on_store_error="raise"
+        return
+    if not pending.reply.acquired:
+        raise NotPublished(pending.job_id)
+
+
+def install_hooks() -> None:
+    """Hook kombu's Redis ``Channel._put`` and ``_put_fanout`` (once per process)."""
+    channel_cls: Any = kombu_redis.Channel
+    with _hooked:
+        if getattr(channel_cls, "_taskdedup_hooked", False):
+            return
+        put, put_fanout = channel_cls._put, channel_cls._put_fanout
+
+        def _put(self: Any, queue: str, message: Any, **kwargs: Any) -> Any:
+            pending = _pending_for(message)
+            if pending is None:
+                return put(self, queue, message, **kwargs)
+            expiring = self._expires and queue in self._expires
+            if "_publish_batch" in kwargs or expiring or not _shares_server(self, pending.store):
+                _decide_first(pending)
+                return put(self, queue, message, **kwargs)
+            priority = self._get_message_priority(message, reverse=False)
+            name = self.global_keyprefix + self._q_for_pri(queue, priority)
+            try:
+                message_text = dumps(message)  # type: ignore[no-untyped-call]
+                reply = pending.store.acquire_and_push(pending.op, name, message_text)
+            except StoreUnavailable as exc:
+                pending.ticket = pending.step.failed(exc)
+                return put(self, queue, message, **kwargs)  # publish without dedup
+            pending.reply, pending.fused = reply, True
+            if not reply.acquired:
+                raise NotPublished(pending.job_id)
+            return None
+
+        def _put_fanout(self: Any, exchange: str, message: Any, routing_key: str, **kw: Any) -> Any:
+            pending = _pending_for(message)
+            if pending is not None:
+                _decide_first(pending)
+            return put_fanout(self, exchange, message, routing_key, **kw)
+
+        channel_cls._put, channel_cls._put_fanout = _put, _put_fanout
+        channel_cls._taskdedup_hooked = True

@@ -585,3 +585,26 @@ def test_a_key_held_by_another_process_is_found_in_the_push(
     finally:
         after_task_publish.disconnect(record)
     assert queue_length(app, redis_url, key_prefix) == 1 and len(published) == 1
+
+
+def test_a_key_freed_after_it_was_seen_held_is_published_once(
+    app: Celery, redis_url: str, key_prefix: str
+) -> None:
+    """A key this process saw held is asked about before Celery builds a message; when it has
+    been freed meanwhile, that answer's lock is the one the publish uses."""
+
+    @deduplicate("until_executing")
+    @app.task(shared=False)
+    def notify(user: int) -> None: ...
+
+    integ = install(app)
+    first = notify.delay(1)
+    key = scheduled_key(app, notify, 1)
+    assert integ.dedup.release(key, first.id)  # as a worker does when the job starts
+    second = notify.delay(1)
+    assert not second.deduplicated and second.id != first.id
+    info = integ.dedup.store.run(Inspect(key))
+    assert info is not None and info.job_id == second.id
+    third = notify.delay(1)
+    assert third.deduplicated and third.id == second.id
+    assert queue_length(app, redis_url, key_prefix) == 2

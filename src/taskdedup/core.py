@@ -221,16 +221,18 @@ class Deduplicator:
         queue: str | None = None,
         delay: float = 0.0,
         payload: str | None = None,
+        key: str | None = None,
     ) -> Ticket | Step[Ticket]:
         """:meth:`enqueue` without running it: a Ticket when no store call is needed, else the
-        Step whose ``op`` is an :class:`Acquire` (raises KeyEncodingError for bad arguments)."""
+        Step whose ``op`` is an :class:`Acquire` (raises KeyEncodingError for bad arguments).
+        ``key``: the call's key, when the caller has already computed it."""
         job_id = job_id or str(uuid.uuid4())
         p, task = tp.policy, tp.task
         if not self.active(task) or p.strategy not in ENQUEUE_LOCKING:
             return Ticket("skipped", job_id, None)
         if delay > 0 and not p.including_scheduled:
             return Ticket("skipped", job_id, None)
-        key = tp.key_for(args, kwargs, queue)
+        key = key or tp.key_for(args, kwargs, queue)
         ttl = ms(p.ttl_seconds + max(delay, 0.0))
         grace = min(ms(self.settings.grace), ttl)
         dry = self.settings.dry_run

@@ -29,6 +29,7 @@ class CeleryDedup:
         self._heartbeat: Heartbeat | None = None
         self._heartbeat_pid = 0
         self._fused: bool | None = None
+        self.publisher: Publisher | None = None
         self._mutex = threading.Lock()
         self.worker = Worker(self)
 
@@ -70,7 +71,14 @@ class CeleryDedup:
 
     def wrap_tasks(self, **_: Any) -> None:
         for task in list(self.app.tasks.values()):
-            wrap_task(self, task)
+            self.prepare(task)
+
+    def prepare(self, task: Any) -> None:
+        """Wrap a deduplicated task's ``run`` (worker side) and ``apply_async`` (fast answers
+        for likely duplicates); other tasks are left untouched."""
+        wrap_task(self, task)
+        if self.publisher is not None:
+            self.publisher.wrap_apply_async(task)
 
     def revoked(
         self,
@@ -99,7 +107,8 @@ def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedu
     integ = CeleryDedup(app, store, settings)
     _installed[app] = integ
     install_hooks()
-    app.send_task = Publisher(integ, app.send_task)
+    integ.publisher = Publisher(integ, app.send_task)
+    app.send_task = integ.publisher
     if app.finalized:
         integ.wrap_tasks()
     else:

@@ -8,7 +8,9 @@ broker that is also the store, takes the lock where kombu pushes the message (re
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
+import functools
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,7 +22,6 @@ from ..stores.redis import RedisStore
 from .messages import KEY_HEADER, dump_call
 from .redis_push import PENDING, NotPublished, PendingEnqueue
 from .tasks import task_policy
-from .worker import wrap_task
 
 if TYPE_CHECKING:
     from .integration import CeleryDedup
@@ -32,6 +33,10 @@ CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
 #: builds a message (the fused push would find it only after).
 RECENT_SECONDS = 10.0
 RECENT_KEYS = 10_000
+#: A lock already taken by a task's apply_async for the publish it is about to make.
+DECIDED: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar(
+    "taskdedup_decided", default=None
+)
 
 
 def delay_of(options: dict[str, Any]) -> float:
@@ -64,7 +69,7 @@ class Publisher:
         policy = task_policy(task, integ.settings) if task is not None else None
         if policy is None or any(options.get(option) for option in CANVAS_OPTIONS):
             return self.original(name, args, kwargs, **options)
-        wrap_task(integ, task)  # a task registered after the app was finalized
+        integ.prepare(task)  # a task registered after the app was finalized
         dedup = integ.dedup
         delay = delay_of(options)
         queue = options.get("queue") or getattr(task, "queue", None)
@@ -78,6 +83,9 @@ class Publisher:
             _add_key(key, options)
             return self.original(name, args, kwargs, **options)
 
+        decided = DECIDED.get()
+        if decided is not None and decided.job_id == options.get("task_id"):
+            return self._publish(decided, name, args, kwargs, options)
         job_id = options.get("task_id") or uuid()
         payload = None
         if policy.policy.on_conflict == "reschedule_once":
@@ -93,6 +101,56 @@ class Publisher:
         if ticket.deduplicated:
             return self._holder(ticket, options)
         return self._publish(ticket, name, args, kwargs, options)
+
+    def wrap_apply_async(self, task: Any) -> None:
+        """Let a plain call of a key seen held lately ask the store before Celery prepares a
+        publish: a duplicate then costs one round trip and little else."""
+        if getattr(task, "_taskdedup_apply_async", None) is not None:
+            return
+        if task_policy(task, self.integration.settings) is None:
+            return
+        original = task.apply_async
+
+        @functools.wraps(original)
+        def apply_async(
+            args: Any = None, kwargs: Any = None, task_id: Any = None, **options: Any
+        ) -> Any:
+            if task_id is None and not options:  # .delay(...), .apply_async(args, kwargs)
+                ticket = self._ask_first(task, args, kwargs)
+                if ticket is not None and ticket.deduplicated:
+                    result = task.AsyncResult(ticket.job_id)
+                    result.deduplicated = True
+                    return result
+                if ticket is not None:
+                    token = DECIDED.set(ticket)
+                    try:
+                        return original(args, kwargs, task_id=ticket.job_id)
+                    finally:
+                        DECIDED.reset(token)
+            return original(args, kwargs, task_id=task_id, **options)
+
+        task._taskdedup_apply_async = original
+        task.apply_async = apply_async
+
+    def _ask_first(self, task: Any, args: Any, kwargs: Any) -> Ticket | None:
+        """The store's answer for a call whose key was seen held lately; None otherwise."""
+        integ = self.integration
+        policy = task_policy(task, integ.settings)
+        if policy is None or policy.policy.per_queue:
+            return None
+        if policy.policy.on_conflict == "reschedule_once":
+            return None  # its duplicates carry their arguments: the full path keeps them
+        try:
+            key = policy.key_for(args or (), kwargs or {})
+        except Exception:
+            return None  # Celery's own checks, then the full path, report it
+        seen = self.recently_held.get(key)
+        if seen is None or seen < time.monotonic() or integ.app.conf.task_always_eager:
+            return None
+        plan = integ.dedup.plan_enqueue(policy, args or (), kwargs or {}, key=key)
+        ticket = plan if isinstance(plan, Ticket) else integ.dedup.run(plan)
+        self._remember(ticket)
+        return ticket
 
     def _publish(
         self, ticket: Ticket, name: str, args: Any, kwargs: Any, options: dict[str, Any]

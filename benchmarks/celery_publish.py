@@ -94,7 +94,7 @@ LIBRARIES: dict[str, Callable[[str, str], Callable[..., Any]]] = {
 }
 
 
-def run(url: str, n: int = 2000, rounds: int = 4) -> list[Row]:
+def run(url: str, n: int = 4000, rounds: int = 20) -> list[Row]:
     """Interleave the libraries over ``rounds`` so machine noise falls on all of them alike."""
     client = redis.Redis.from_url(url)
     prefixes = {name: "tdbench-" + uuid.uuid4().hex[:8] for name in LIBRARIES}

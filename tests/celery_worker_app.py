@@ -12,7 +12,7 @@ import time
 import redis
 from celery import Celery, signals
 
-from taskdedup.celery import deduplicate, install
+from taskdedup.celery import deduplicate, install, reserve
 
 URL = os.environ["TD_REDIS_URL"]
 BROKER = os.environ.get("TD_BROKER_URL") or URL
@@ -34,6 +34,7 @@ app.conf.update(
     taskdedup_key_prefix=PREFIX,
     taskdedup_url=URL,
     broker_heartbeat=0,
+    taskdedup_default_lease=2,  # the slot lease of capped_job
 )
 install(app)
 marks = redis.Redis.from_url(URL)
@@ -62,3 +63,11 @@ def late_job(name: str, seconds: float) -> str:
     if runs == 1:
         time.sleep(seconds)
     return name
+
+
+@reserve(max_concurrent=1, scope="tenant")
+@app.task(name="sub.capped_job", shared=False)
+def capped_job(tenant: str, seconds: float) -> str:
+    marks.set(f"{PREFIX}:mark:pid:{tenant}", os.getpid(), ex=600)
+    time.sleep(seconds)
+    return tenant

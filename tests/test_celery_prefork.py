@@ -172,3 +172,29 @@ def test_acks_late_copy_takes_over_after_the_lease_when_the_holder_died(
     second = start(TD_VISIBILITY_TIMEOUT="1")
     assert job.get(timeout=60) == "orphan"
     assert int(second.mark("runs:orphan") or 0) == 2  # the copy ran once the lease lapsed
+
+
+def test_kill_9_of_the_worker_holding_a_slot_frees_it_within_lease_plus_5_seconds(
+    worker_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    from taskdedup import QuotaExceeded
+
+    worker = start()
+    worker_env.capped_job.delay("acme", 60)
+    pid = int(wait_for(lambda: worker.mark("pid:acme"), 30, "the job to start"))
+    with pytest.raises(QuotaExceeded, match="maximum 1 concurrent jobs for scope tenant=acme"):
+        worker_env.capped_job.delay("acme", 0)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    lease = 2.0
+
+    def submit() -> Any:
+        try:
+            return worker_env.capped_job.delay("acme", 0)
+        except QuotaExceeded:
+            return None
+
+    wait_for(submit, lease + 5, "the slot to be free again")
+    freed_after = time.monotonic() - killed_at
+    print(f"slot free {freed_after:.2f}s after kill -9")
+    assert freed_after <= lease + 5

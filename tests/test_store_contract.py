@@ -11,19 +11,26 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness import Harness, MemoryHarness, RedisHarness
+from harness import Harness, MemoryHarness, RedisHarness, race
+from taskdedup.idempotency import record_key
 from taskdedup.stores.base import (
     Acquire,
     Claim,
     Confirm,
+    Consume,
     Finish,
     ForceUnlock,
     Heartbeat,
     Inspect,
     Lease,
+    ListScopes,
+    ListSlots,
     Release,
+    Remember,
+    Reserve,
     Retry,
     Scan,
+    Unreserve,
 )
 
 HOUR = 3_600_000
@@ -348,3 +355,84 @@ def test_a_finished_job_sent_again_does_not_keep_the_lock_it_took(h: Harness) ->
     assert h.store.run(claim(k, "A", "release", owner="w2")).outcome == "done"
     assert h.store.run(Inspect(k)) is None  # ...and gives it back when it is refused
     assert h.store.run(acquire(k, "B")).acquired
+
+
+# ---------------------------------------------------------------- idempotency records
+
+
+def test_an_idempotency_key_answers_its_first_job_and_fingerprint(h: Harness) -> None:
+    k = record_key("ci-build-" + new_key())
+    first = h.store.run(Remember(k, "J1", "fp-a", HOUR, HOUR))
+    assert first.new and first.job_id == "J1"
+    again = h.store.run(Remember(k, "J2", "fp-a", HOUR, HOUR))
+    assert not again.new and again.job_id == "J1" and again.fingerprint == "fp-a"
+    other = h.store.run(Remember(k, "J3", "fp-b", HOUR, HOUR))
+    assert not other.new and other.job_id == "J1" and other.fingerprint == "fp-a"
+
+
+def test_an_unconfirmed_idempotency_record_lapses_after_its_grace(h: Harness) -> None:
+    lapsing, kept = record_key(new_key()), record_key(new_key())
+    assert h.store.run(Remember(lapsing, "J1", "fp", HOUR, 300)).new
+    assert h.store.run(Remember(kept, "K1", "fp", HOUR, 300)).new
+    assert h.store.run(Confirm(((kept, "K1"),))) == 1
+    h.after(0.3, lambda: h.store.run(Remember(lapsing, "J2", "fp", HOUR, HOUR)).new)
+    assert h.store.run(Remember(kept, "K2", "fp", HOUR, HOUR)).job_id == "K1"
+
+
+def test_an_idempotency_record_is_freed_or_handed_on_by_its_job_only(h: Harness) -> None:
+    k = record_key(new_key())
+    h.store.run(Remember(k, "J1", "fp", HOUR, 60_000))
+    assert not h.store.run(Release(k, "other"))
+    assert not h.store.run(Remember(k, "H", "fp", HOUR, HOUR, replaces="other")).new
+    moved = h.store.run(Remember(k, "H", "fp", HOUR, HOUR, replaces="J1"))
+    assert moved.new and moved.job_id == "H"
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "H" and info.confirmed
+    assert h.store.run(Release(k, "H"))
+    assert h.store.run(Remember(k, "J2", "fp", HOUR, HOUR)).new
+
+
+# ---------------------------------------------------------------- reservation scopes
+
+
+def test_a_scope_grants_at_most_its_limit_and_frees_on_release(h: Harness) -> None:
+    scope = "user-" + new_key()
+    assert h.store.run(Reserve(scope, "a", 2, HOUR)).granted
+    assert h.store.run(Reserve(scope, "b", 2, HOUR)).in_flight == 2
+    refused = h.store.run(Reserve(scope, "c", 2, HOUR))
+    assert not refused.granted and refused.in_flight == 2
+    assert h.store.run(Reserve(scope, "a", 2, HOUR)).granted  # a holder keeps its slot
+    assert h.store.run(Unreserve(scope, "a")) and not h.store.run(Unreserve(scope, "a"))
+    assert h.store.run(Reserve(scope, "c", 2, HOUR)).granted
+    assert {s.member for s in h.store.run(ListSlots(scope))} == {"b", "c"}
+    assert scope in h.store.run(ListScopes())
+
+
+def test_a_consumed_slot_belongs_to_the_job_and_lives_by_its_lease(h: Harness) -> None:
+    scope = "tenant-" + new_key()
+    h.store.run(Reserve(scope, "r1", 1, HOUR))
+    assert h.store.run(Consume(scope, "r1", "job-1", HOUR))
+    assert [s.member for s in h.store.run(ListSlots(scope))] == ["job-1"]
+    assert not h.store.run(Reserve(scope, "r2", 1, HOUR)).granted
+    lease = Lease(scope, "job-1", 400, slot=True)
+    assert h.store.run(Heartbeat((lease,))) == (True,)  # started: one lease from now
+    h.hold_for(0.25)
+    assert h.store.run(Heartbeat((lease,))) == (True,)  # renewed by the heartbeat
+    h.hold_for(0.25)
+    assert not h.store.run(Reserve(scope, "r2", 1, HOUR)).granted  # still held
+    h.after(0.4, lambda: h.store.run(Reserve(scope, "r2", 1, HOUR)).granted)  # worker died
+    assert h.store.run(Heartbeat((lease,))) == (False,)
+
+
+def test_a_reservation_never_consumed_expires_after_its_ttl(h: Harness) -> None:
+    scope = "user-" + new_key()
+    assert h.store.run(Reserve(scope, "r1", 1, 300)).granted
+    assert not h.store.run(Reserve(scope, "r2", 1, HOUR)).granted
+    h.after(0.3, lambda: h.store.run(Reserve(scope, "r2", 1, HOUR)).granted)
+
+
+def test_fifty_concurrent_reservations_get_exactly_the_limit(h: Harness) -> None:
+    scope = "user-" + new_key()
+    replies = race(50, lambda i: h.store.run(Reserve(scope, f"r{i}", 5, HOUR)))
+    assert sum(r.granted for r in replies) == 5
+    assert len(h.store.run(ListSlots(scope))) == 5

@@ -9,11 +9,14 @@ from .errors import (
     DedupError,
     DuplicateJob,
     IdempotencyKeyMismatch,
+    InvalidIdempotencyKey,
     KeyEncodingError,
     QuotaExceeded,
     StoreUnavailable,
 )
+from .idempotency import IdempotencyKeys, Recall
 from .policy import Policy, TaskPolicy
+from .reservations import Reservation, ReservationGuard, ReservePolicy
 from .settings import Settings
 from .stores import MemoryStore, RedisStore, Store
 
@@ -27,11 +30,17 @@ __all__ = [
     "DuplicateJob",
     "Heartbeat",
     "IdempotencyKeyMismatch",
+    "IdempotencyKeys",
+    "InvalidIdempotencyKey",
     "KeyEncodingError",
     "MemoryStore",
     "Policy",
     "QuotaExceeded",
+    "Recall",
     "RedisStore",
+    "Reservation",
+    "ReservationGuard",
+    "ReservePolicy",
     "Settings",
     "Store",
     "StoreUnavailable",

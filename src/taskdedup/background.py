@@ -30,17 +30,17 @@ class _Leases:
     """The leases held in this process, and how often they need renewing."""
 
     def __init__(self, default_lease: float) -> None:
-        self._held: dict[tuple[str, str], Lease] = {}
+        self._held: dict[tuple[str, str, bool], Lease] = {}
         self._mutex = threading.Lock()
         self._default = default_lease
 
     def add(self, lease: Lease) -> None:
         with self._mutex:
-            self._held[(lease.key, lease.job_id)] = lease
+            self._held[(lease.key, lease.job_id, lease.slot)] = lease
 
     def discard(self, lease: Lease) -> None:
         with self._mutex:
-            self._held.pop((lease.key, lease.job_id), None)
+            self._held.pop((lease.key, lease.job_id, lease.slot), None)
 
     def snapshot(self) -> list[Lease]:
         with self._mutex:

@@ -150,6 +150,10 @@ class Deduplicator:
         """Execute a planned Step against the store (``plan_enqueue`` and friends)."""
         return self._run(step)
 
+    async def arun(self, step: Step[T]) -> T:
+        """The asyncio twin of :meth:`run`."""
+        return await self._arun(step)
+
     def _run(self, step: Step[T]) -> T:
         try:
             reply = self.store.run(step.op)

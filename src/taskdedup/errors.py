@@ -57,5 +57,17 @@ class IdempotencyKeyMismatch(DedupError):
         )
 
 
+class InvalidIdempotencyKey(DedupError, ValueError):
+    """An idempotency key is not 1 to 256 printable ASCII characters without spaces."""
+
+    def __init__(self, key: object) -> None:
+        self.key = key
+        shown = repr(key) if len(repr(key)) <= 80 else repr(key)[:77] + "..."
+        super().__init__(
+            f"invalid idempotency key {shown}: use 1 to 256 printable ASCII characters "
+            "without spaces, e.g. 'ci-build-4f2a9c1' or 'gh-org/repo-<commit sha>'"
+        )
+
+
 class StoreUnavailable(DedupError, ConnectionError):
     """The lock store could not be reached or did not answer."""

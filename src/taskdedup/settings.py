@@ -13,6 +13,8 @@ from .errors import ConfigError
 from .policy import DEFAULT_LEASE, DEFAULT_TTL, STRATEGIES, Policy, Strategy, seconds
 
 OnStoreError = Literal["enqueue", "raise"]
+_SECONDS = ("default_ttl", "default_lease", "grace", "remember_finished", "idempotency_ttl")
+OnMismatch = Literal["raise", "return"]
 ENV_PREFIX = "TASKDEDUP_"
 
 
@@ -31,6 +33,9 @@ class Settings:
     grace: seconds a fresh lock lives until its publish is confirmed (G11).
     remember_finished: seconds a finished job id is remembered, so a redelivered copy of it
         does not run again (G7).
+    idempotency_ttl: seconds an idempotency key answers with its original job (default 24 h).
+    idempotency_on_mismatch: a key reused with another task or other arguments: "raise"
+        IdempotencyKeyMismatch, or "return" the original job.
     """
 
     url: str | None = None
@@ -44,6 +49,8 @@ class Settings:
     key_prefix: str = "taskdedup"
     grace: float = 60.0
     remember_finished: float = 3600.0
+    idempotency_ttl: float = 86400.0
+    idempotency_on_mismatch: OnMismatch = "raise"
 
     def __post_init__(self) -> None:
         if isinstance(self.disabled_tasks, str):
@@ -59,7 +66,12 @@ class Settings:
             raise ConfigError(
                 f"on_store_error must be 'enqueue' or 'raise', not {self.on_store_error!r}"
             )
-        for name in ("default_ttl", "default_lease", "grace", "remember_finished"):
+        if self.idempotency_on_mismatch not in get_args(OnMismatch):
+            raise ConfigError(
+                "idempotency_on_mismatch must be 'raise' or 'return', "
+                f"not {self.idempotency_on_mismatch!r}"
+            )
+        for name in _SECONDS:
             object.__setattr__(self, name, seconds(getattr(self, name), name=name))
         if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
             raise ConfigError(f"key_prefix must be non-empty, without braces: {self.key_prefix!r}")
@@ -115,7 +127,7 @@ def _parse(name: str, raw: str) -> Any:
         raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: use true or false")
     if name == "disabled_tasks":
         return frozenset(_split(raw))
-    if name in ("default_ttl", "default_lease", "grace", "remember_finished"):
+    if name in _SECONDS:
         try:
             return float(raw)
         except ValueError:

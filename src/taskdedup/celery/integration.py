@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -11,6 +12,8 @@ from celery import signals
 
 from ..background import Heartbeat
 from ..core import Deduplicator
+from ..idempotency import IdempotencyKeys
+from ..reservations import ReservationGuard
 from ..stores import RedisStore, Store
 from .config import settings_from_app, store_for_app
 from .publish import Publisher
@@ -30,7 +33,7 @@ class CeleryDedup:
         self._heartbeat_pid = 0
         self._fused: bool | None = None
         self.publisher: Publisher | None = None
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()  # heartbeat() makes the Deduplicator under it
         self.worker = Worker(self)
 
     @property
@@ -59,6 +62,14 @@ class CeleryDedup:
                 and isinstance(self.app.connection_for_write().transport, Transport)
             )
         return self._fused
+
+    @functools.cached_property
+    def idempotency(self) -> IdempotencyKeys:
+        return IdempotencyKeys(self.dedup)
+
+    @functools.cached_property
+    def reservations(self) -> ReservationGuard:
+        return ReservationGuard(self.dedup.store)
 
     def heartbeat(self) -> Heartbeat:
         """This process's heartbeat thread (a fresh one in each forked pool child)."""

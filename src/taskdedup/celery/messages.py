@@ -1,14 +1,17 @@
-"""What taskdedup adds to a Celery message: the key header and kept arguments."""
+"""What taskdedup reads from and adds to a Celery message: its delay and queue, the key and
+scope headers, and the arguments kept for reschedule_once."""
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
-from typing import Any
+from typing import Any, cast
 
 from kombu import serialization
 
 KEY_HEADER = "taskdedup_key"
+SCOPE_HEADER = "taskdedup_scope"  # the reservation scope whose slot the job holds
 
 
 def dump_call(args: Any, kwargs: Any, serializer: str) -> str:
@@ -26,3 +29,34 @@ def load_call(payload: str) -> tuple[Any, Any]:
         base64.b64decode(data), content_type, encoding, accept=[content_type]
     )
     return body[0], body[1]
+
+
+def delay_of(options: dict[str, Any]) -> float:
+    """Seconds until a scheduled job is due (0 for a job sent now)."""
+    countdown = options.get("countdown")
+    if countdown:
+        return max(float(countdown), 0.0)
+    eta = options.get("eta")
+    if eta is None:
+        return 0.0
+    if isinstance(eta, str):
+        eta = dt.datetime.fromisoformat(eta)
+    now = dt.datetime.now(eta.tzinfo or dt.timezone.utc)
+    if eta.tzinfo is None:
+        now = now.replace(tzinfo=None)
+    return max((eta - now).total_seconds(), 0.0)
+
+
+def queue_of(task: Any, options: dict[str, Any]) -> str | None:
+    """The queue name a call is sent to, when it says (for ``per_queue`` keys)."""
+    queue = options.get("queue") or getattr(task, "queue", None)
+    if queue is not None and not isinstance(queue, str):  # a kombu Queue
+        queue = getattr(queue, "name", str(queue))
+    return cast("str | None", queue)
+
+
+def add_key(key: str, options: dict[str, Any]) -> None:
+    """The dedup key travels in a header, so the worker need not compute it again."""
+    headers = dict(options.get("headers") or {})
+    headers[KEY_HEADER] = key
+    options["headers"] = headers

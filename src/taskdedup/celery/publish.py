@@ -8,8 +8,8 @@ broker that is also the store, takes the lock where kombu pushes the message (re
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-import datetime as dt
 import functools
 import time
 from typing import TYPE_CHECKING, Any, cast
@@ -17,11 +17,15 @@ from typing import TYPE_CHECKING, Any, cast
 from kombu.utils.uuid import uuid
 
 from ..core import Step, Ticket
+from ..errors import QuotaExceeded, StoreUnavailable
+from ..policy import TaskPolicy
+from ..reservations import ReservePolicy
 from ..stores.base import Acquire
 from ..stores.redis import RedisStore
-from .messages import KEY_HEADER, dump_call
+from .guarded import publish_guarded
+from .messages import KEY_HEADER, SCOPE_HEADER, add_key, delay_of, dump_call, queue_of
 from .redis_push import PENDING, NotPublished, PendingEnqueue
-from .tasks import task_policy
+from .tasks import task_limits, task_policy
 
 if TYPE_CHECKING:
     from .integration import CeleryDedup
@@ -39,22 +43,6 @@ DECIDED: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar(
 )
 
 
-def delay_of(options: dict[str, Any]) -> float:
-    """Seconds until a scheduled job is due (0 for a job sent now)."""
-    countdown = options.get("countdown")
-    if countdown:
-        return max(float(countdown), 0.0)
-    eta = options.get("eta")
-    if eta is None:
-        return 0.0
-    if isinstance(eta, str):
-        eta = dt.datetime.fromisoformat(eta)
-    now = dt.datetime.now(eta.tzinfo or dt.timezone.utc)
-    if eta.tzinfo is None:
-        now = now.replace(tzinfo=None)
-    return max((eta - now).total_seconds(), 0.0)
-
-
 class Publisher:
     """Wraps ``app.send_task`` of one app."""
 
@@ -65,24 +53,31 @@ class Publisher:
 
     def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         integ = self.integration
+        idempotency_key = options.pop("idempotency_key", None)
+        idempotency_ttl = options.pop("idempotency_ttl", None)
         task = integ.app.tasks.get(name)
-        policy = task_policy(task, integ.settings) if task is not None else None
-        if policy is None or any(options.get(option) for option in CANVAS_OPTIONS):
+        policy = limits = None
+        if task is not None and not any(options.get(option) for option in CANVAS_OPTIONS):
+            policy = task_policy(task, integ.settings)
+            limits = task_limits(task)
+        if policy is None and limits is None and idempotency_key is None:
             return self.original(name, args, kwargs, **options)
-        integ.prepare(task)  # a task registered after the app was finalized
-        dedup = integ.dedup
-        delay = delay_of(options)
-        queue = options.get("queue") or getattr(task, "queue", None)
-        if queue is not None and not isinstance(queue, str):  # a kombu Queue
-            queue = getattr(queue, "name", str(queue))
+        if task is not None:
+            integ.prepare(task)  # a task registered after the app was finalized
         retries = options.get("retries") or 0
         if retries and options.get("task_id"):  # Task.retry: same id, keeps its lock (G6)
-            headers = options.get("headers") or {}
-            key = headers.get(KEY_HEADER) or policy.key_for(args or (), kwargs or {}, queue)
-            dedup.retry(policy, key, options["task_id"], delay=delay, attempt=retries - 1)
-            _add_key(key, options)
-            return self.original(name, args, kwargs, **options)
-
+            return self._publish_retry(task, policy, limits, name, args, kwargs, options)
+        if idempotency_key is not None or limits is not None:
+            idempotency = None
+            if idempotency_key is not None:
+                idempotency = (idempotency_key, idempotency_ttl)
+            return publish_guarded(
+                self, task, name, args, kwargs, options, policy, limits, idempotency
+            )
+        assert policy is not None
+        dedup = integ.dedup
+        delay = delay_of(options)
+        queue = queue_of(task, options)
         decided = DECIDED.get()
         if decided is not None and decided.job_id == options.get("task_id"):
             return self._publish(decided, name, args, kwargs, options)
@@ -101,6 +96,34 @@ class Publisher:
         if ticket.deduplicated:
             return self._holder(ticket, options)
         return self._publish(ticket, name, args, kwargs, options)
+
+    def _publish_retry(
+        self,
+        task: Any,
+        policy: TaskPolicy | None,
+        limits: ReservePolicy | None,
+        name: str,
+        args: Any,
+        kwargs: Any,
+        options: dict[str, Any],
+    ) -> Any:
+        """A retry keeps its lock and its slot under the same id (G6)."""
+        headers = options.get("headers") or {}
+        job_id, delay = options["task_id"], delay_of(options)
+        if policy is not None:
+            queue = queue_of(task, options)
+            key = headers.get(KEY_HEADER) or policy.key_for(args or (), kwargs or {}, queue)
+            attempt = (options.get("retries") or 1) - 1
+            self.integration.dedup.retry(policy, key, job_id, delay=delay, attempt=attempt)
+            add_key(key, options)
+        scope = headers.get(SCOPE_HEADER)
+        if limits is not None and scope:  # held again until the retry starts
+            ttl = float(cast(float, limits.ttl)) + delay
+            with contextlib.suppress(QuotaExceeded, StoreUnavailable):
+                self.integration.reservations.reserve(
+                    scope, limits.max_concurrent, ttl, member=job_id
+                )
+        return self.original(name, args, kwargs, **options)
 
     def wrap_apply_async(self, task: Any) -> None:
         """Let a plain call of a key seen held lately ask the store before Celery prepares a
@@ -136,7 +159,7 @@ class Publisher:
         """The store's answer for a call whose key was seen held lately; None otherwise."""
         integ = self.integration
         policy = task_policy(task, integ.settings)
-        if policy is None or policy.policy.per_queue:
+        if policy is None or policy.policy.per_queue or task_limits(task) is not None:
             return None
         if policy.policy.on_conflict == "reschedule_once":
             return None  # its duplicates carry their arguments: the full path keeps them
@@ -158,7 +181,7 @@ class Publisher:
         """Publish an acquired (or skipped) ticket's job; release its lock if that fails."""
         dedup = self.integration.dedup
         if ticket.key is not None:
-            _add_key(ticket.key, options)
+            add_key(ticket.key, options)
         try:
             result = self.original(name, args, kwargs, **options)
         except BaseException:
@@ -180,7 +203,7 @@ class Publisher:
         """Publish with the lock taken where kombu pushes the message (see redis_push)."""
         dedup = self.integration.dedup
         pending = PendingEnqueue(job_id, step, cast(RedisStore, dedup.store))
-        _add_key(pending.op.key, options)
+        add_key(pending.op.key, options)
         token = PENDING.set(pending)
         try:
             result = self.original(name, args, kwargs, **options)
@@ -240,10 +263,3 @@ class Publisher:
         cancel = getattr(consumer, "cancel_for", None)
         if cancel is not None:
             cancel(job_id)
-
-
-def _add_key(key: str, options: dict[str, Any]) -> None:
-    """The dedup key travels in a header, so the worker need not compute it again."""
-    headers = dict(options.get("headers") or {})
-    headers[KEY_HEADER] = key
-    options["headers"] = headers

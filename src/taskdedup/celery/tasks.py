@@ -1,7 +1,8 @@
-"""Per-task declarations: ``@deduplicate(...)``, the ``deduplicate=`` task option, ``@idempotent``.
+"""Per-task declarations: ``@deduplicate(...)`` and ``@reserve(...)`` (or the ``deduplicate=``
+and ``reserve=`` task options), ``@idempotent``.
 
-A declaration is stored on the task (``task.deduplicate``), so a policy set on a base class is
-inherited by its subclasses, and read when the task is published or run.
+A declaration is stored on the task (``task.deduplicate``, ``task.reserve``), so a policy set on
+a base class is inherited by its subclasses, and read when the task is published or run.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from typing import Any, TypeVar, cast
 
 from ..errors import ConfigError
 from ..policy import OnConflict, Policy, Seconds, Strategy, TaskPolicy
+from ..reservations import DEFAULT_TTL, ReservePolicy
 from ..settings import Settings
 
 T = TypeVar("T")
 _BOUND = "_taskdedup_bound"
+_LIMITS = "_taskdedup_limits"
 
 
 def deduplicate(
@@ -59,6 +62,24 @@ def deduplicate(
     return apply
 
 
+def reserve(
+    max_concurrent: int, scope: str | Callable[..., Any], ttl: Seconds = DEFAULT_TTL
+) -> Callable[[T], T]:
+    """Cap a Celery task at ``max_concurrent`` jobs in flight per scope; stack it on
+    ``@app.task`` or put it on a Task class. Over the cap, ``apply_async`` raises
+    QuotaExceeded and publishes nothing. ``scope``: an argument name or a callable of the
+    task's arguments; ``ttl``: seconds a slot lives from reservation until the job starts."""
+    options = {"max_concurrent": max_concurrent, "scope": scope, "ttl": ttl}
+    ReservePolicy.from_options(options)  # validate now
+
+    def apply(task: T) -> T:
+        task.reserve = options  # type: ignore[attr-defined]
+        _check(task)
+        return task
+
+    return apply
+
+
 def idempotent(task: T) -> T:
     """Declare a task safe to run twice (read by the tools and the testing helper)."""
     task.idempotent = True  # type: ignore[attr-defined]
@@ -79,6 +100,7 @@ def _check(task: Any) -> None:
     options = getattr(task, "deduplicate", None)
     if options is not None:
         Settings().policy(options).bind(name, task_function(task))
+    task_limits(task)
 
 
 def task_policy(task: Any, defaults: Settings) -> TaskPolicy | None:
@@ -95,3 +117,20 @@ def task_policy(task: Any, defaults: Settings) -> TaskPolicy | None:
         raise ConfigError(f"task {task.name!r}: {exc}") from None
     setattr(task, _BOUND, (options, bound))
     return bound
+
+
+def task_limits(task: Any) -> ReservePolicy | None:
+    """The task's reservation cap (cached on the task), or None when it declares none."""
+    options = getattr(task, "reserve", None)
+    if options is None or options is False:
+        return None
+    cached = getattr(task, _LIMITS, None)
+    if cached is not None and cached[0] is options:
+        return cast(ReservePolicy, cached[1])
+    try:
+        limits = ReservePolicy.from_options(options)
+        limits.check(task.name, task_function(task))
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"task {task.name!r}: reserve: {exc}") from None
+    setattr(task, _LIMITS, (options, limits))
+    return limits

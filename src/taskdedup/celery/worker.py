@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from ..core import Admission
+from ..errors import StoreUnavailable
 from ..policy import TaskPolicy
-from .messages import KEY_HEADER, load_call
-from .tasks import task_policy
+from ..stores.base import Lease
+from .messages import KEY_HEADER, SCOPE_HEADER, load_call
+from .tasks import task_limits, task_policy
 
 if TYPE_CHECKING:
     from .integration import CeleryDedup
@@ -29,10 +31,10 @@ BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
 
 
 def wrap_task(integ: CeleryDedup, task: Any) -> None:
-    """Wrap ``task.run`` once; tasks without a policy are left untouched."""
+    """Wrap ``task.run`` once; tasks without a policy or a cap are left untouched."""
     if getattr(task, "_taskdedup_run", None) is not None:
         return
-    if task_policy(task, integ.settings) is None:
+    if task_policy(task, integ.settings) is None and task_limits(task) is None:
         return
     original = task.run
 
@@ -52,13 +54,42 @@ class Worker:
 
     def run(self, task: Any, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         request = task.request
-        policy = task_policy(task, self.integ.settings)
-        if policy is None or request.id is None or request.called_directly:
+        if request.id is None or request.called_directly:
             return original(*args, **kwargs)
-        dedup = self.integ.dedup
+        policy = task_policy(task, self.integ.settings)
+        admission = self._claim(task, policy, args, kwargs) if policy is not None else None
+        heartbeat = self.integ.heartbeat()
+        leases = [admission.lease] if admission is not None and admission.lease else []
+        slot = self._start_slot(task, policy)
+        if slot is not None:
+            leases.append(slot)
+        for lease in leases:
+            heartbeat.add(lease)
+        try:
+            result = original(*args, **kwargs)
+        except (Retry, Ignore):
+            raise  # a retry moved the lock to QUEUED (and kept the slot) when it was published
+        except Reject as exc:
+            if not exc.requeue:
+                self._finish(task, policy, admission, slot)
+            raise
+        except BaseException:  # a final failure: autoretry_for turns retryable ones into Retry
+            self._finish(task, policy, admission, slot)
+            raise
+        finally:
+            for lease in leases:
+                heartbeat.discard(lease)
+        self._finish(task, policy, admission, slot)
+        return result
+
+    def _claim(
+        self, task: Any, policy: TaskPolicy, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Admission:
+        """Claim the job, or raise Ignore when this delivery must not run now."""
+        request = task.request
         key = getattr(request, KEY_HEADER, None) or (request.headers or {}).get(KEY_HEADER)
         queue = (request.delivery_info or {}).get("routing_key")
-        admission = dedup.claim(
+        admission = self.integ.dedup.claim(
             policy,
             request.id,
             key=key,
@@ -73,29 +104,27 @@ class Worker:
             self._skip(task, policy, admission, args, kwargs)
         request.taskdedup_key = admission.key
         request.taskdedup_fence = admission.fence
-        lease = admission.lease
-        heartbeat = self.integ.heartbeat()
-        if lease is not None:
-            heartbeat.add(lease)
-        try:
-            result = original(*args, **kwargs)
-        except (Retry, Ignore):
-            raise  # a retry moved the lock to QUEUED when it was published
-        except Reject as exc:
-            if not exc.requeue:
-                self._finish(task, policy, admission)
-            raise
-        except BaseException:  # a final failure: autoretry_for turns retryable ones into Retry
-            self._finish(task, policy, admission)
-            raise
-        finally:
-            if lease is not None:
-                heartbeat.discard(lease)
-        self._finish(task, policy, admission)
-        return result
+        return admission
 
-    def _finish(self, task: Any, policy: Any, admission: Admission) -> None:
-        if admission.key is None:
+    def _start_slot(self, task: Any, policy: TaskPolicy | None) -> Lease | None:
+        """The job holds its scope's slot for one lease from now, renewed by the heartbeat."""
+        scope = header(task.request, SCOPE_HEADER)
+        if not scope:
+            return None
+        lease = policy.policy.lease_seconds if policy else self.integ.settings.default_lease
+        try:
+            return self.integ.reservations.start(scope, task.request.id, lease)
+        except StoreUnavailable as exc:
+            log.warning("taskdedup: could not renew the slot of %s: %s", task.request.id, exc)
+            return None
+
+    def _finish(
+        self, task: Any, policy: Any, admission: Admission | None, slot: Lease | None
+    ) -> None:
+        """The job ended for good: free its slot, then release, keep or hand on its lock."""
+        if slot is not None:
+            release_slot(self.integ, slot.key, slot.job_id)
+        if admission is None or admission.key is None:
             return
         done = self.integ.dedup.finish(
             policy, admission.key, admission.job_id, attempt=task.request.retries or 0
@@ -135,16 +164,32 @@ class Worker:
         raise Ignore()
 
 
+def header(request: Any, name: str) -> Any:
+    """A taskdedup header of the running job (Celery puts custom headers on the request)."""
+    return getattr(request, name, None) or (getattr(request, "headers", None) or {}).get(name)
+
+
+def release_slot(integ: CeleryDedup, scope: str, job_id: str) -> None:
+    try:
+        integ.reservations.release(scope, job_id)
+    except StoreUnavailable as exc:  # the slot lapses after its lease anyway
+        log.warning("taskdedup: could not free the slot of %s: %s", job_id, exc)
+
+
 def on_revoked(integ: CeleryDedup, request: Any, terminated: bool, expired: bool) -> None:
-    """A revoked or expired job will not run: release its lock (owner-checked)."""
+    """A revoked or expired job will not run: free its slot and release its lock."""
     task = getattr(request, "task", None)
     if task is None:
         return
+    body = getattr(request, "request_dict", None) or {}
+    headers = body.get("headers") or {}
+    scope = body.get(SCOPE_HEADER) or headers.get(SCOPE_HEADER)
+    if scope:
+        release_slot(integ, scope, request.id)
     policy = task_policy(task, integ.settings)
     if policy is None:
         return
-    body = getattr(request, "request_dict", None) or {}
-    key = body.get(KEY_HEADER) or (body.get("headers") or {}).get(KEY_HEADER)
+    key = body.get(KEY_HEADER) or headers.get(KEY_HEADER)
     if key is None:
         key = policy.key_for(request.args or (), request.kwargs or {}, None)
     integ.dedup.release(key, request.id, task=task.name)

@@ -17,12 +17,17 @@ Records of one dedup key ``K`` (names are the store's business; these are Redis'
   lease, waiting for a retry, or done.
 - ``fence`` the counter behind the fencing tokens (seeded from the clock, so tokens keep
   increasing even after it expires).
+
+An idempotency key is kept as the ``lock`` of the key ``idem:<digest>``: its holder is the
+original job, and it carries the fingerprint of the first submission. A reservation scope is
+one record of slots (member -> expiry), under the key ``res:<digest>``.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 from typing import Generic, Literal, TypeVar
 
 R = TypeVar("R")
@@ -71,6 +76,25 @@ class FinishReply:
     released: bool  # the enqueue lock was ours and is released, throttled or handed off
     handoff: Handoff | None = None
     stale: bool = False  # a newer attempt of the job owns the records; nothing was changed
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RememberReply:
+    new: bool  # the record is ours (just written, or handed to us by ``replaces``)
+    job_id: str  # the job the record points at
+    fingerprint: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReserveReply:
+    granted: bool
+    in_flight: int  # live slots of the scope after the answer
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Slot:
+    member: str  # a reservation id, or the id of the job holding the slot
+    expires_in_ms: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,9 +148,13 @@ class Claim(Op[ClaimReply]):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Lease:
+    """What a running job renews: its lock records (``key``), or with ``slot`` its slot in the
+    reservation scope ``key``."""
+
     key: str
     job_id: str
     lease_ms: int
+    slot: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -176,6 +204,64 @@ class Confirm(Op[int]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Remember(Op[RememberReply]):
+    """An idempotency key's first submission: record ``job_id`` and ``fingerprint`` under
+    ``key`` (for ``grace_ms`` until confirmed, then ``ttl_ms``), or answer the recorded ones.
+    With ``replaces``, a record still held by that job id is handed to ``job_id`` (confirmed)."""
+
+    key: str
+    job_id: str
+    fingerprint: str
+    ttl_ms: int
+    grace_ms: int
+    replaces: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reserve(Op[ReserveReply]):
+    """Take a slot of ``scope`` for ``member`` for ``ttl_ms`` if fewer than ``limit`` live
+    slots exist (a member that already holds one keeps it, renewed)."""
+
+    scope: str
+    member: str
+    limit: int
+    ttl_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Consume(Op[bool]):
+    """Hand a reservation's slot to the published job: the job holds it for ``ttl_ms``.
+    Answers whether the reservation was still held (the slot is the job's either way)."""
+
+    scope: str
+    member: str
+    job_id: str
+    ttl_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unreserve(Op[bool]):
+    """Free ``member``'s slot of ``scope``; answers whether it held one."""
+
+    scope: str
+    member: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListSlots(Op[list[Slot]]):
+    """The live slots of a scope, soonest to expire first."""
+
+    scope: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListScopes(Op[list[str]]):
+    """The scopes with live slots (for the tools), at most ``limit``."""
+
+    limit: int = 1000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Inspect(Op["LockInfo | None"]):
     key: str
 
@@ -215,6 +301,11 @@ class Store(abc.ABC):
 
     async def aclose(self) -> None:
         self.close()
+
+
+def scope_key(scope: str) -> str:
+    """The store key of a reservation scope (any string; never used raw in a record name)."""
+    return "res:" + hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 
 def ms(seconds: float) -> int:

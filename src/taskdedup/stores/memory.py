@@ -19,20 +19,31 @@ from .base import (
     Claim,
     ClaimReply,
     Confirm,
+    Consume,
     Finish,
     FinishReply,
     ForceUnlock,
     Handoff,
     Heartbeat,
     Inspect,
+    Lease,
+    ListScopes,
+    ListSlots,
     LockInfo,
     LockState,
     Op,
     R,
     Release,
+    Remember,
+    RememberReply,
+    Reserve,
+    ReserveReply,
     Retry,
     Scan,
+    Slot,
     Store,
+    Unreserve,
+    scope_key,
 )
 
 Clock = Callable[[], float]  # seconds
@@ -59,6 +70,12 @@ class MemoryStore(Store):
             Inspect: self._inspect,
             Scan: self._scan,
             ForceUnlock: self._force_unlock,
+            Remember: self._remember,
+            Reserve: self._reserve,
+            Consume: self._consume,
+            Unreserve: self._unreserve,
+            ListSlots: self._list_slots,
+            ListScopes: self._list_scopes,
         }
 
     # -- the protocol
@@ -220,6 +237,9 @@ class MemoryStore(Store):
     def _heartbeat(self, op: Heartbeat, now: int) -> tuple[bool, ...]:
         answers = []
         for lease in op.leases:
+            if lease.slot:
+                answers.append(self._renew_slot(lease, now))
+                continue
             alive = False
             job_name = self._name(lease.key, "job:" + lease.job_id)
             rec = self._get(job_name, now)
@@ -359,3 +379,77 @@ class MemoryStore(Store):
                 self._delete(name)
                 removed = True
         return removed
+
+    # -- idempotency keys: a record shaped like an enqueue lock (confirm and release apply)
+
+    def _remember(self, op: Remember, now: int) -> RememberReply:
+        name = self._name(op.key, "lock")
+        rec = self._get(name, now)
+        if rec is not None and rec["j"] != op.replaces:
+            return RememberReply(False, rec["j"], rec["p"])
+        confirmed = rec is not None or op.grace_ms >= op.ttl_ms
+        fields = {"j": op.job_id, "p": op.fingerprint, "s": "q", "f": 0, "d": 0}
+        fields.update({"e": now + op.ttl_ms, "c": int(confirmed)})
+        self._put(name, fields, now + (op.ttl_ms if confirmed else op.grace_ms))
+        return RememberReply(True, op.job_id, op.fingerprint)
+
+    # -- reservation scopes: {"scope": name, "m": {member: expires ms}}
+
+    def _slots(self, scope: str, now: int) -> dict[str, int]:
+        rec = self._get(self._name(scope_key(scope), "slots"), now)
+        if rec is None:
+            return {}
+        live = {m: at for m, at in rec["m"].items() if at > now}
+        rec["m"] = live
+        return live
+
+    def _keep_slots(self, scope: str, slots: dict[str, int]) -> None:
+        name = self._name(scope_key(scope), "slots")
+        if not slots:
+            self._delete(name)
+        else:
+            self._put(name, {"scope": scope, "m": slots}, max(slots.values()))
+
+    def _reserve(self, op: Reserve, now: int) -> ReserveReply:
+        slots = self._slots(op.scope, now)
+        if op.member not in slots and len(slots) >= op.limit:
+            return ReserveReply(False, len(slots))
+        slots[op.member] = now + op.ttl_ms
+        self._keep_slots(op.scope, slots)
+        return ReserveReply(True, len(slots))
+
+    def _consume(self, op: Consume, now: int) -> bool:
+        slots = self._slots(op.scope, now)
+        had = slots.pop(op.member, None) is not None
+        slots[op.job_id] = now + op.ttl_ms
+        self._keep_slots(op.scope, slots)
+        return had
+
+    def _unreserve(self, op: Unreserve, now: int) -> bool:
+        slots = self._slots(op.scope, now)
+        if slots.pop(op.member, None) is None:
+            return False
+        self._keep_slots(op.scope, slots)
+        return True
+
+    def _renew_slot(self, lease: Lease, now: int) -> bool:
+        slots = self._slots(lease.key, now)
+        if lease.job_id not in slots:
+            return False
+        slots[lease.job_id] = now + lease.lease_ms
+        self._keep_slots(lease.key, slots)
+        return True
+
+    def _list_slots(self, op: ListSlots, now: int) -> list[Slot]:
+        slots = self._slots(op.scope, now)
+        return [Slot(m, at - now) for m, at in sorted(slots.items(), key=lambda kv: kv[1])]
+
+    def _list_scopes(self, op: ListScopes, now: int) -> list[str]:
+        head = self.prefix + ":{res:"
+        found = []
+        for name in list(self._records):
+            if name.startswith(head) and name.endswith("}:slots"):
+                rec = self._get(name, now)
+                if rec is not None:
+                    found.append(rec["scope"])
+        return found[: op.limit]

@@ -29,23 +29,49 @@ from .base import (
     Claim,
     ClaimReply,
     Confirm,
+    Consume,
     Finish,
     FinishReply,
     ForceUnlock,
     Handoff,
     Heartbeat,
     Inspect,
+    Lease,
+    ListScopes,
+    ListSlots,
     LockInfo,
     LockState,
     Op,
     R,
     Release,
+    Remember,
+    RememberReply,
+    Reserve,
+    ReserveReply,
     Retry,
     Scan,
+    Slot,
     Store,
+    Unreserve,
+    scope_key,
 )
 
-SCRIPTS = ("acquire", "claim", "heartbeat", "retry", "finish", "release", "confirm", "inspect")
+SCRIPTS = (
+    "acquire",
+    "claim",
+    "heartbeat",
+    "retry",
+    "finish",
+    "release",
+    "confirm",
+    "inspect",
+    "remember",
+    "reserve",
+    "consume",
+    "unreserve",
+    "renew_slot",
+    "list_slots",
+)
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
 #: Errors that mean "the store cannot answer now" (G5), as opposed to a bug in a request.
 _UNAVAILABLE = (
@@ -120,6 +146,11 @@ class RedisStore(Store):
             Finish: self._finish,
             Release: self._release,
             Inspect: self._inspect,
+            Remember: self._remember,
+            Reserve: self._reserve,
+            Consume: self._consume,
+            Unreserve: self._unreserve,
+            ListSlots: self._list_slots,
         }
 
     @classmethod
@@ -338,18 +369,68 @@ class RedisStore(Store):
             lambda r: _parse_info(op.key, r),
         )
 
+    def _remember(self, op: Remember) -> _Call:
+        return _Call(
+            "remember",
+            self._names(op.key, "lock"),
+            [op.job_id, op.fingerprint, op.ttl_ms, op.grace_ms, op.replaces or ""],
+            _parse_remember,
+        )
+
+    def _scope_names(self, scope: str) -> list[str]:
+        return self._names(scope_key(scope), "slots", "scope")
+
+    def _reserve(self, op: Reserve) -> _Call:
+        return _Call(
+            "reserve",
+            self._scope_names(op.scope),
+            [op.member, op.limit, op.ttl_ms, op.scope],
+            lambda r: ReserveReply(bool(int(r[0])), int(r[1])),
+        )
+
+    def _consume(self, op: Consume) -> _Call:
+        return _Call(
+            "consume",
+            self._scope_names(op.scope),
+            [op.member, op.job_id, op.ttl_ms, op.scope],
+            lambda r: bool(int(r)),
+        )
+
+    def _unreserve(self, op: Unreserve) -> _Call:
+        return _Call(
+            "unreserve",
+            self._scope_names(op.scope),
+            [op.member, op.scope],
+            lambda r: bool(int(r)),
+        )
+
+    def _list_slots(self, op: ListSlots) -> _Call:
+        return _Call(
+            "list_slots",
+            self._scope_names(op.scope)[:1],
+            [],
+            lambda r: [Slot(_s(r[i]), int(r[i + 1])) for i in range(0, len(r), 2)],
+        )
+
     # -- batches and tools: pipelines (one round trip; Cluster pipelines split by node)
 
     def _heartbeat_calls(self, op: Heartbeat) -> list[_Call]:
-        return [
-            _Call(
-                "heartbeat",
-                self._names(lease.key, "lock", "run", "job:" + lease.job_id),
-                [lease.job_id, lease.lease_ms],
+        return [self._lease_call(lease) for lease in op.leases]
+
+    def _lease_call(self, lease: Lease) -> _Call:
+        if lease.slot:
+            return _Call(
+                "renew_slot",
+                self._scope_names(lease.key),
+                [lease.job_id, lease.lease_ms, lease.key],
                 lambda r: bool(int(r)),
             )
-            for lease in op.leases
-        ]
+        return _Call(
+            "heartbeat",
+            self._names(lease.key, "lock", "run", "job:" + lease.job_id),
+            [lease.job_id, lease.lease_ms],
+            lambda r: bool(int(r)),
+        )
 
     def _confirm_calls(self, op: Confirm) -> list[_Call]:
         return [
@@ -367,6 +448,8 @@ class RedisStore(Store):
     def _run_special(self, op: Op[Any]) -> Any:
         if isinstance(op, Scan):
             return self._scan(op)
+        if isinstance(op, ListScopes):
+            return self._list_scopes(op)
         if isinstance(op, ForceUnlock):
             return bool(self.client.delete(*self._names(op.key, "lock", "run")))
         calls, combine = self._batch(op)
@@ -408,7 +491,7 @@ class RedisStore(Store):
 
     async def _arun_special(self, op: Op[Any]) -> Any:
         cluster = isinstance(self.async_client, redis.asyncio.cluster.RedisCluster)
-        if isinstance(op, Scan | ForceUnlock) or cluster:
+        if isinstance(op, Scan | ForceUnlock | ListScopes) or cluster:
             return await asyncio.to_thread(self._run_special, op)
         calls, combine = self._batch(op)
         if not calls:
@@ -427,6 +510,16 @@ class RedisStore(Store):
                 for name in {call.script for call in calls}:
                     await self.async_client.script_load(_SOURCES[name])
         return combine([calls[i].parse(raws[i]) for i in indexes])
+
+    def _list_scopes(self, op: ListScopes) -> list[str]:
+        found: list[str] = []
+        for raw in self.client.scan_iter(match=f"{self.prefix}:{{res:*}}:scope", count=500):
+            name = self.client.get(raw)
+            if name is not None:
+                found.append(_s(name))
+                if len(found) >= op.limit:
+                    break
+        return found
 
     def _scan(self, op: Scan) -> list[LockInfo]:
         found: list[LockInfo] = []
@@ -456,6 +549,11 @@ def _same(a: Any, b: Any, name: str) -> bool:
     elif name == "db":
         a, b = int(a or 0), int(b or 0)
     return bool(a == b)
+
+
+def _parse_remember(r: Any) -> RememberReply:
+    new, fingerprint, job = _s(r).split(" ", 2)
+    return RememberReply(new == "1", job, fingerprint)
 
 
 def _parse_acquire(r: Any) -> AcquireReply:

@@ -45,3 +45,17 @@ local function release_if_holder(key, job)
   end
   return 0
 end
+
+-- A reservation scope's records live until its last slot expires (or go with the last slot).
+-- KEYS of the caller: slots (sorted set member -> expiry ms), scope (the scope's name).
+local function keep_slots(slots_key, scope_key, scope)
+  local last = redis.call('ZRANGE', slots_key, -1, -1, 'WITHSCORES')
+  if #last == 0 then
+    redis.call('DEL', slots_key, scope_key)
+    return
+  end
+  local at = int(tonumber(last[2]))
+  redis.call('PEXPIREAT', slots_key, at)
+  redis.call('SET', scope_key, scope)
+  redis.call('PEXPIREAT', scope_key, at)
+end

@@ -1,0 +1,170 @@
+"""Idempotency keys: a client names its submission (a commit SHA, a build id), and a retry of
+it within the ttl gets the original job back instead of a new one.
+
+The first submission records key -> (job id, fingerprint of the task and its canonical
+arguments). A repeat with the same fingerprint is a *hit*: nothing is published and the caller
+gets the original job. The same key with another task or other arguments is a *mismatch*:
+``IdempotencyKeyMismatch`` (or, with ``idempotency_on_mismatch="return"``, the original job).
+The record is written with the short ``grace`` first and confirmed to its ttl once the job is
+published (G11), so a producer that dies before publishing never pins a key to a job that was
+never sent. Keys are digested: the raw key never becomes a store key name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import IdempotencyKeyMismatch, InvalidIdempotencyKey, StoreUnavailable
+from .policy import Policy
+from .stores.base import Release, Remember, RememberReply, ms
+
+if TYPE_CHECKING:
+    from .core import Deduplicator, Step
+
+#: 1 to 256 printable ASCII characters, no spaces: CI keys like ``gh-org/repo-<sha>`` pass.
+KEY_PATTERN = re.compile(r"[!-~]{1,256}")
+
+RecallOutcome = Literal["new", "hit", "mismatch", "store_unavailable"]
+
+
+def check_key(key: object) -> str:
+    """The key itself if it is valid, else InvalidIdempotencyKey saying what a key may be."""
+    if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
+        raise InvalidIdempotencyKey(key)
+    return key
+
+
+def record_key(key: str) -> str:
+    """The store key of an idempotency key (a digest, so any valid key is a safe name)."""
+    return "idem:" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def fingerprint(
+    task: str, fn: Callable[..., Any] | None, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> str:
+    """The task and its canonical arguments (G8: f(1) and f(a=1) have one fingerprint)."""
+    return Policy().bind(task, fn).key_for(args, kwargs)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recall:
+    """The answer for an idempotency key: a new submission, or the original job."""
+
+    outcome: RecallOutcome
+    job_id: str  # ours for a new submission, else the original job's
+    key: str  # the idempotency key as the client gave it
+    confirm: bool = False  # the record waits for a publish confirmation (G11)
+
+    @property
+    def is_new(self) -> bool:
+        return self.outcome == "new"
+
+    @property
+    def hit(self) -> bool:
+        """True when nothing must be published: the caller gets the original ``job_id``."""
+        return self.outcome in ("hit", "mismatch")
+
+
+class IdempotencyKeys:
+    """Records and answers idempotency keys through a Deduplicator's store and settings."""
+
+    def __init__(self, dedup: Deduplicator) -> None:
+        self.dedup = dedup
+
+    def plan(
+        self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
+    ) -> Step[Recall]:
+        """The store step for one submission (raises InvalidIdempotencyKey for a bad key)."""
+        from .core import Step
+
+        check_key(key)
+        settings = self.dedup.settings
+        ttl_ms = ms(settings.idempotency_ttl if ttl is None else ttl)
+        grace_ms = min(ms(settings.grace), ttl_ms)
+        op = Remember(record_key(key), job_id, fingerprint, ttl_ms, grace_ms)
+
+        def done(reply: RememberReply) -> Recall:
+            if reply.new:
+                self.dedup._note("idempotency", "new", logging.DEBUG, task, key=key, job=job_id)
+                return Recall("new", job_id, key, confirm=grace_ms < ttl_ms)
+            if reply.fingerprint == fingerprint:
+                self.dedup._note(
+                    "idempotency", "hit", logging.INFO, task, key=key, job=reply.job_id
+                )
+                return Recall("hit", reply.job_id, key)
+            self.dedup._note(
+                "idempotency", "mismatch", logging.WARNING, task, key=key, job=reply.job_id
+            )
+            if settings.idempotency_on_mismatch == "raise":
+                raise IdempotencyKeyMismatch(key, reply.job_id)
+            return Recall("mismatch", reply.job_id, key)
+
+        def failed(exc: StoreUnavailable) -> Recall:
+            self.dedup._store_down("idempotency", task, exc, key=key, job=job_id)
+            return Recall("store_unavailable", job_id, key)
+
+        return Step(op, done, failed)
+
+    def recall(
+        self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
+    ) -> Recall:
+        """Record a new submission under ``key``, or answer the original job."""
+        return self.dedup.run(self.plan(key, task, fingerprint, job_id, ttl))
+
+    async def arecall(
+        self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
+    ) -> Recall:
+        return await self.dedup.arun(self.plan(key, task, fingerprint, job_id, ttl))
+
+    def published(self, recall: Recall) -> None:
+        """The new submission's job is in the broker: keep its record for the whole ttl."""
+        if recall.is_new and recall.confirm:
+            self.dedup.confirmer.add(record_key(recall.key), recall.job_id)
+
+    def _forget_op(self, recall: Recall) -> Release | None:
+        return Release(record_key(recall.key), recall.job_id) if recall.is_new else None
+
+    def publish_failed(self, recall: Recall) -> None:
+        """Nothing was published: free the key before the error reaches the caller."""
+        op = self._forget_op(recall)
+        if op is not None:
+            self._quietly(lambda: self.dedup.store.run(op))
+
+    async def apublish_failed(self, recall: Recall) -> None:
+        op = self._forget_op(recall)
+        if op is not None:
+            try:
+                await self.dedup.store.arun(op)
+            except StoreUnavailable as exc:
+                logging.getLogger("taskdedup").warning("could not free idempotency key: %s", exc)
+
+    def _repoint_op(self, recall: Recall, holder: str, fingerprint: str) -> Remember:
+        settings = self.dedup.settings
+        ttl = ms(settings.idempotency_ttl)
+        return Remember(record_key(recall.key), holder, fingerprint, ttl, ttl, recall.job_id)
+
+    def repoint(self, recall: Recall, holder: str, fingerprint: str) -> None:
+        """The submission was a duplicate of ``holder``'s job: the key now answers that job."""
+        if recall.is_new:
+            self._quietly(
+                lambda: self.dedup.store.run(self._repoint_op(recall, holder, fingerprint))
+            )
+
+    async def arepoint(self, recall: Recall, holder: str, fingerprint: str) -> None:
+        if recall.is_new:
+            try:
+                await self.dedup.store.arun(self._repoint_op(recall, holder, fingerprint))
+            except StoreUnavailable as exc:
+                logging.getLogger("taskdedup").warning("could not repoint idempotency key: %s", exc)
+
+    @staticmethod
+    def _quietly(call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except StoreUnavailable as exc:  # the record expires after its grace anyway
+            logging.getLogger("taskdedup").warning("idempotency record not updated: %s", exc)

@@ -1,0 +1,231 @@
+"""The reservation guard: at most N jobs in flight per scope (a user, a tenant).
+
+A slot is reserved atomically before dispatch, so concurrent requests can never overshoot the
+cap: the store counts live reservations and the slots of jobs in flight, and refuses the one
+over the limit with ``QuotaExceeded``. A slot lives ``ttl`` without news: a client that dies
+after reserving loses it after the ttl; a job's slot is renewed to one lease when it starts
+and by every heartbeat, and freed when it ends, so a worker that dies frees it after the lease.
+
+Standalone::
+
+    guard = ReservationGuard(store)
+    with guard.reserve("user-42", max_concurrent=5, ttl=300) as reservation:
+        job_id = dispatch(...)
+        reservation.consume(job_id)      # the job now holds the slot
+    # leaving the block with an exception (or without consuming) frees the slot
+
+The Celery and taskiq adapters reserve under the job's own id, so no consume step is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, cast
+
+from . import keys as _keys
+from .errors import ConfigError, KeyEncodingError, QuotaExceeded
+from .policy import Seconds, seconds
+from .stores.base import (
+    Consume,
+    Heartbeat,
+    Lease,
+    ListScopes,
+    ListSlots,
+    Reserve,
+    Slot,
+    Store,
+    Unreserve,
+    ms,
+)
+
+DEFAULT_TTL = 300.0
+
+
+def _ms(value: Seconds, name: str) -> int:
+    return ms(cast(float, seconds(value, name=name)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReservePolicy:
+    """A task's cap: ``max_concurrent`` jobs in flight per scope.
+
+    scope: the name of the task argument whose value names the scope (the scope is then
+        ``"<name>=<value>"``, shared by every task that caps the same argument), or a callable
+        of the task's arguments that returns the scope.
+    ttl: seconds a slot lives without news: from reservation until the job starts.
+    """
+
+    max_concurrent: int
+    scope: str | Callable[..., Any]
+    ttl: Seconds = DEFAULT_TTL
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_concurrent, int) or self.max_concurrent < 1:
+            raise ConfigError(f"max_concurrent must be an int >= 1, not {self.max_concurrent!r}")
+        if not (callable(self.scope) or (isinstance(self.scope, str) and self.scope)):
+            raise ConfigError(f"scope must be an argument name or a callable, not {self.scope!r}")
+        object.__setattr__(self, "ttl", seconds(self.ttl, name="ttl"))
+
+    @classmethod
+    def from_options(cls, options: ReservePolicy | Mapping[str, Any]) -> ReservePolicy:
+        if isinstance(options, ReservePolicy):
+            return options
+        unknown = set(options) - {"max_concurrent", "scope", "ttl"}
+        if unknown:
+            raise ConfigError(
+                f"unknown reserve option(s) {', '.join(sorted(unknown))}; "
+                "use max_concurrent, scope, ttl"
+            )
+        return cls(**options)
+
+    def check(self, task: str, fn: Callable[..., Any] | None) -> None:
+        """An argument name the task does not take is a ConfigError now, not at enqueue."""
+        if isinstance(self.scope, str) and fn is not None:
+            params = _keys.signature_parameters(fn)
+            if self.scope not in params:
+                raise ConfigError(
+                    f"task {task!r}: reserve scope={self.scope!r} is not one of its parameters "
+                    f"({', '.join(params) or 'none'}); name one, or pass a callable"
+                )
+
+    def scope_for(
+        self,
+        task: str,
+        fn: Callable[..., Any] | None,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+    ) -> str:
+        """The scope of one call."""
+        if callable(self.scope):
+            try:
+                return str(self.scope(*args, **kwargs))
+            except Exception as exc:
+                raise KeyEncodingError(task, "scope", f"callable failed: {exc!r}") from exc
+        if fn is None:
+            if self.scope in kwargs:
+                return f"{self.scope}={kwargs[self.scope]}"
+            raise ConfigError(f"task {task!r}: pass {self.scope!r} by name to reserve a slot")
+        bound = _keys.bind_arguments(task, fn, args, kwargs)
+        return f"{self.scope}={bound[self.scope]}"
+
+
+class Reservation:
+    """One reserved slot; a context manager (``with`` and ``async with``)."""
+
+    def __init__(self, guard: ReservationGuard, scope: str, member: str, ttl_ms: int) -> None:
+        self.guard = guard
+        self.scope = scope
+        self.member = member
+        self.ttl_ms = ttl_ms
+        self.job_id: str | None = None  # the job holding the slot, once consumed
+        self.released = False
+
+    def consume(self, job_id: str) -> None:
+        """The job was dispatched: it holds the slot now (until it ends, or its ttl)."""
+        self.guard.store.run(Consume(self.scope, self.member, job_id, self.ttl_ms))
+        self.job_id = job_id
+
+    async def aconsume(self, job_id: str) -> None:
+        await self.guard.store.arun(Consume(self.scope, self.member, job_id, self.ttl_ms))
+        self.job_id = job_id
+
+    def release(self) -> None:
+        """Give the slot back (nothing was dispatched, or the job ended)."""
+        self.guard.release(self.scope, self.job_id or self.member)
+        self.released = True
+
+    async def arelease(self) -> None:
+        await self.guard.arelease(self.scope, self.job_id or self.member)
+        self.released = True
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.job_id is None and not self.released:
+            self.release()
+
+    async def __aenter__(self) -> Reservation:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.job_id is None and not self.released:
+            await self.arelease()
+
+
+class ReservationGuard:
+    """Reserves, releases and lists slots of scopes in one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _reserve_op(
+        self, scope: str, max_concurrent: int, ttl: Seconds, member: str | None
+    ) -> Reserve:
+        if not isinstance(max_concurrent, int) or max_concurrent < 1:
+            raise ConfigError(f"max_concurrent must be an int >= 1, not {max_concurrent!r}")
+        return Reserve(scope, member or "r-" + uuid.uuid4().hex, max_concurrent, _ms(ttl, "ttl"))
+
+    def reserve(
+        self,
+        scope: str,
+        max_concurrent: int,
+        ttl: Seconds = DEFAULT_TTL,
+        *,
+        member: str | None = None,
+    ) -> Reservation:
+        """A slot of ``scope``, or QuotaExceeded when ``max_concurrent`` are in flight.
+        ``member``: hold the slot under this id (a job id) instead of a fresh reservation id."""
+        op = self._reserve_op(scope, max_concurrent, ttl, member)
+        if not self.store.run(op).granted:
+            raise QuotaExceeded(scope, max_concurrent)
+        return Reservation(self, scope, op.member, op.ttl_ms)
+
+    async def areserve(
+        self,
+        scope: str,
+        max_concurrent: int,
+        ttl: Seconds = DEFAULT_TTL,
+        *,
+        member: str | None = None,
+    ) -> Reservation:
+        op = self._reserve_op(scope, max_concurrent, ttl, member)
+        if not (await self.store.arun(op)).granted:
+            raise QuotaExceeded(scope, max_concurrent)
+        return Reservation(self, scope, op.member, op.ttl_ms)
+
+    def release(self, scope: str, member: str) -> bool:
+        """Free ``member``'s slot (a reservation id or a job id); False if it held none."""
+        return self.store.run(Unreserve(scope, member))
+
+    async def arelease(self, scope: str, member: str) -> bool:
+        return await self.store.arun(Unreserve(scope, member))
+
+    def start(self, scope: str, job_id: str, lease: Seconds) -> Lease:
+        """The job starts: its slot now lives one lease (renew the returned Lease by heartbeat)."""
+        held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
+        self.store.run(Heartbeat((held,)))
+        return held
+
+    async def astart(self, scope: str, job_id: str, lease: Seconds) -> Lease:
+        held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
+        await self.store.arun(Heartbeat((held,)))
+        return held
+
+    def active(self, scope: str) -> list[Slot]:
+        """The live reservations and job slots of a scope, soonest to expire first."""
+        return self.store.run(ListSlots(scope))
+
+    async def aactive(self, scope: str) -> list[Slot]:
+        return await self.store.arun(ListSlots(scope))
+
+    def scopes(self, limit: int = 1000) -> list[str]:
+        """The scopes that have live slots."""
+        return self.store.run(ListScopes(limit))

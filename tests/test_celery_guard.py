@@ -1,0 +1,237 @@
+"""Celery: idempotency keys and the reservation guard, with real in-process workers on Redis."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from harness import race, wait_for
+from taskdedup import (
+    IdempotencyKeyMismatch,
+    InvalidIdempotencyKey,
+    QuotaExceeded,
+    ReservationGuard,
+)
+from taskdedup.celery import deduplicate, install, reserve
+from test_celery import make_app, queue_length
+
+
+@pytest.fixture
+def app(redis_url: str, key_prefix: str) -> Celery:
+    app = make_app(redis_url, key_prefix)
+    install(app)
+    return app
+
+
+# ---------------------------------------------------------------- idempotency keys
+
+
+def test_a_retried_submission_gets_the_original_job_back(
+    app: Celery, redis_url: str, key_prefix: str
+) -> None:
+    @app.task(shared=False)
+    def build(sha: str, target: str = "all") -> str:
+        return f"{sha}:{target}"
+
+    first = build.apply_async(("4f2a9c1",), idempotency_key="gh-org/repo-4f2a9c1")
+    assert first.idempotent_hit is False
+    again = build.apply_async((), {"sha": "4f2a9c1"}, idempotency_key="gh-org/repo-4f2a9c1")
+    assert again.idempotent_hit is True and again.id == first.id
+    assert queue_length(app, redis_url, key_prefix) == 1
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        assert again.get(timeout=20) == "4f2a9c1:all"
+
+
+def test_the_same_key_with_other_arguments_is_a_mismatch(app: Celery) -> None:
+    @app.task(shared=False)
+    def build(sha: str) -> None: ...
+
+    @app.task(shared=False)
+    def deploy(sha: str) -> None: ...
+
+    first = build.apply_async(("abc",), idempotency_key="build-17")
+    with pytest.raises(IdempotencyKeyMismatch) as raised:
+        build.apply_async(("def",), idempotency_key="build-17")
+    assert raised.value.key == "build-17" and raised.value.job_id == first.id
+    assert first.id in str(raised.value) and "build-17" in str(raised.value)
+    with pytest.raises(IdempotencyKeyMismatch):
+        deploy.apply_async(("abc",), idempotency_key="build-17")  # another task
+
+
+def test_on_mismatch_return_hands_back_the_original(redis_url: str, key_prefix: str) -> None:
+    app = make_app(redis_url, key_prefix, taskdedup_idempotency_on_mismatch="return")
+    install(app)
+
+    @app.task(shared=False)
+    def build(sha: str) -> None: ...
+
+    first = build.apply_async(("abc",), idempotency_key="build-18")
+    other = build.apply_async(("def",), idempotency_key="build-18")
+    assert other.id == first.id and other.idempotent_hit is True
+
+
+def test_after_its_ttl_the_same_key_makes_a_new_job(app: Celery) -> None:
+    @app.task(shared=False)
+    def build(sha: str) -> None: ...
+
+    first = build.apply_async(("abc",), idempotency_key="nightly-1", idempotency_ttl=1)
+    assert build.apply_async(("abc",), idempotency_key="nightly-1").id == first.id
+
+    def new_job() -> Any:
+        result = build.apply_async(("abc",), idempotency_key="nightly-1", idempotency_ttl=1)
+        return None if result.idempotent_hit else result
+
+    assert wait_for(new_job, 5, "the key to expire").id != first.id
+
+
+def test_32_threads_submitting_one_key_make_one_job(
+    app: Celery, redis_url: str, key_prefix: str
+) -> None:
+    @app.task(shared=False)
+    def build(sha: str) -> None: ...
+
+    results = race(32, lambda _: build.apply_async(("abc",), idempotency_key="pipeline-9"))
+    assert len({r.id for r in results}) == 1
+    assert sum(r.idempotent_hit for r in results) == 31
+    assert queue_length(app, redis_url, key_prefix) == 1
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "has space", "x" * 257, "naïve", "tab\tkey", 42, None.__class__]
+)
+def test_a_bad_key_is_a_clear_value_error_and_nothing_is_written(
+    app: Celery, redis_url: str, key_prefix: str, bad: Any
+) -> None:
+    @app.task(shared=False)
+    def build(sha: str) -> None: ...
+
+    with pytest.raises(InvalidIdempotencyKey, match="printable ASCII") as raised:
+        build.apply_async(("abc",), idempotency_key=bad)
+    assert isinstance(raised.value, ValueError)
+    assert queue_length(app, redis_url, key_prefix) == 0
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert not list(client.scan_iter(match=f"{key_prefix}:{{idem:*"))
+    finally:
+        client.close()
+
+
+def test_the_key_is_checked_before_the_dedup_policy(app: Celery) -> None:
+    @deduplicate("until_executed", keys=["repo"])
+    @app.task(shared=False)
+    def ci(repo: str, sha: str) -> None: ...
+
+    first = ci.apply_async(("org/repo", "aaa"), idempotency_key="ci-aaa")
+    # another commit of the same repo: a dedup duplicate; its key now answers the holder
+    dup = ci.apply_async(("org/repo", "bbb"), idempotency_key="ci-bbb")
+    assert dup.deduplicated and dup.id == first.id and dup.idempotent_hit is False
+    again = ci.apply_async(("org/repo", "bbb"), idempotency_key="ci-bbb")
+    assert again.idempotent_hit and again.id == first.id
+    hit = ci.apply_async(("org/repo", "aaa"), idempotency_key="ci-aaa")
+    assert hit.idempotent_hit and not hit.deduplicated and hit.id == first.id
+
+
+def test_a_failed_publish_frees_the_key(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kombu import Producer
+    from kombu.exceptions import OperationalError
+
+    @app.task(shared=False)
+    def build(sha: str) -> None: ...
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise OperationalError("broker went away")
+
+    monkeypatch.setattr(Producer, "publish", broken)
+    with pytest.raises(OperationalError):
+        build.apply_async(("abc",), idempotency_key="ci-retry-1")
+    monkeypatch.undo()
+    assert build.apply_async(("abc",), idempotency_key="ci-retry-1").idempotent_hit is False
+
+
+# ---------------------------------------------------------------- reservations
+
+
+def test_fifty_submitters_on_one_scope_publish_exactly_the_cap(
+    app: Celery, redis_url: str, key_prefix: str
+) -> None:
+    release = threading.Event()
+    started: list[int] = []  # user 42's jobs that started
+
+    @reserve(max_concurrent=5, scope="user_id", ttl=60)
+    @app.task(shared=False)
+    def export(user_id: int, n: int) -> int:
+        if user_id == 42:
+            started.append(n)
+        release.wait(30)
+        return n
+
+    def submit(i: int) -> Any:
+        try:
+            return export.delay(42, i)
+        except QuotaExceeded as exc:
+            return exc
+
+    outcomes = race(50, submit)
+    published = [o for o in outcomes if not isinstance(o, QuotaExceeded)]
+    refused = [o for o in outcomes if isinstance(o, QuotaExceeded)]
+    assert len(published) == 5 and len(refused) == 45
+    assert str(refused[0]) == "Quota exceeded: maximum 5 concurrent jobs for scope user_id=42"
+    assert queue_length(app, redis_url, key_prefix) == 5
+    guard = ReservationGuard(install(app).dedup.store)
+    with start_worker(app, pool="threads", concurrency=5, perform_ping_check=False):
+        wait_for(lambda: len(started) == 5, 20, "the five jobs to start")
+        with pytest.raises(QuotaExceeded):
+            export.delay(42, 99)  # running jobs hold their slots
+        assert export.delay(7, 1) is not None  # another scope is not affected
+        release.set()
+        assert sorted(r.get(timeout=20) for r in published) == sorted(started)
+        wait_for(lambda: not guard.active("user_id=42"), 10, "the slots to be freed")
+    after = race(6, submit)
+    assert sum(isinstance(o, QuotaExceeded) for o in after) == 1  # 5 more, not 6
+
+
+def test_a_duplicate_or_a_hit_takes_no_slot(app: Celery) -> None:
+    @deduplicate("until_executed")
+    @reserve(max_concurrent=2, scope="tenant")
+    @app.task(shared=False)
+    def sync(tenant: str, part: int) -> None: ...
+
+    first = sync.delay("acme", 1)
+    assert sync.delay("acme", 1).deduplicated  # no slot for a duplicate
+    sync.apply_async(("acme", 2), idempotency_key="sync-acme-2")
+    assert sync.apply_async(("acme", 2), idempotency_key="sync-acme-2").idempotent_hit
+    guard = ReservationGuard(install(app).dedup.store)
+    assert {s.member for s in guard.active("tenant=acme")} >= {first.id}
+    assert len(guard.active("tenant=acme")) == 2
+    with pytest.raises(QuotaExceeded):
+        sync.delay("acme", 3)
+
+
+def test_a_refused_call_gives_back_its_lock_and_key(app: Celery) -> None:
+    @deduplicate("until_executed")
+    @reserve(max_concurrent=1, scope=lambda tenant, part: f"tenant-{tenant}")
+    @app.task(shared=False)
+    def sync(tenant: str, part: int) -> None: ...
+
+    sync.delay("acme", 1)
+    with pytest.raises(QuotaExceeded, match="scope tenant-acme"):
+        sync.apply_async(("acme", 2), idempotency_key="sync-2")
+    guard = ReservationGuard(install(app).dedup.store)
+    guard.release("tenant-acme", guard.active("tenant-acme")[0].member)
+    fresh = sync.apply_async(("acme", 2), idempotency_key="sync-2")
+    assert not fresh.deduplicated and fresh.idempotent_hit is False
+
+
+def test_a_bad_scope_argument_fails_when_the_task_is_defined(app: Celery) -> None:
+    from taskdedup import ConfigError
+
+    with pytest.raises(ConfigError, match="user"):
+
+        @reserve(max_concurrent=2, scope="user")
+        @app.task(shared=False)
+        def export(user_id: int) -> None: ...

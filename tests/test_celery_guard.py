@@ -214,7 +214,7 @@ def test_a_duplicate_or_a_hit_takes_no_slot(app: Celery) -> None:
 
 def test_a_refused_call_gives_back_its_lock_and_key(app: Celery) -> None:
     @deduplicate("until_executed")
-    @reserve(max_concurrent=1, scope=lambda tenant, part: f"tenant-{tenant}")
+    @reserve(max_concurrent=1, scope=lambda tenant, **_: f"tenant-{tenant}")
     @app.task(shared=False)
     def sync(tenant: str, part: int) -> None: ...
 
@@ -235,3 +235,22 @@ def test_a_bad_scope_argument_fails_when_the_task_is_defined(app: Celery) -> Non
         @reserve(max_concurrent=2, scope="user")
         @app.task(shared=False)
         def export(user_id: int) -> None: ...
+
+
+def test_a_failed_job_and_a_revoked_job_free_their_slots(app: Celery) -> None:
+    @reserve(max_concurrent=1, scope="tenant")
+    @app.task(shared=False)
+    def sync(tenant: str) -> None:
+        raise RuntimeError("boom")
+
+    guard = ReservationGuard(install(app).dedup.store)
+    failing = sync.delay("acme")
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        with pytest.raises(RuntimeError):
+            failing.get(timeout=20)
+        wait_for(lambda: not guard.active("tenant=acme"), 10, "the failed job's slot")
+    queued = sync.delay("acme")
+    assert [s.member for s in guard.active("tenant=acme")] == [queued.id]
+    queued.revoke()
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        wait_for(lambda: not guard.active("tenant=acme"), 10, "the revoked job's slot")

@@ -32,3 +32,11 @@ def test_celery_example(redis_url: str) -> None:
     assert "same job: True, deduplicated: True" in out
     assert "DuplicateJob" in out and "done after 2 retries" in out
     assert "new job: True" in out
+
+
+def test_ci_submit_example(redis_url: str) -> None:
+    out = run("ci_submit.py", REDIS_URL=redis_url)
+    assert "idempotent_hit=True" in out and "same build: True" in out
+    assert "IdempotencyKeyMismatch" in out
+    assert "Quota exceeded: maximum 2 concurrent jobs for scope repo=acme/shop" in out
+    assert "built acme/shop@4f2a9c1" in out

@@ -54,7 +54,7 @@ class ReservePolicy:
 
     scope: the name of the task argument whose value names the scope (the scope is then
         ``"<name>=<value>"``, shared by every task that caps the same argument), or a callable
-        of the task's arguments that returns the scope.
+        that gets the task's arguments by name (defaults applied) and returns the scope.
     ttl: seconds a slot lives without news: from reservation until the job starts.
     """
 
@@ -99,16 +99,15 @@ class ReservePolicy:
         kwargs: Mapping[str, Any],
     ) -> str:
         """The scope of one call."""
+        bound = dict(kwargs) if fn is None else _keys.bind_arguments(task, fn, args, kwargs)
         if callable(self.scope):
             try:
-                return str(self.scope(*args, **kwargs))
+                named = self.scope(**bound) if fn is not None else self.scope(*args, **kwargs)
             except Exception as exc:
                 raise KeyEncodingError(task, "scope", f"callable failed: {exc!r}") from exc
-        if fn is None:
-            if self.scope in kwargs:
-                return f"{self.scope}={kwargs[self.scope]}"
+            return str(named)
+        if self.scope not in bound:
             raise ConfigError(f"task {task!r}: pass {self.scope!r} by name to reserve a slot")
-        bound = _keys.bind_arguments(task, fn, args, kwargs)
         return f"{self.scope}={bound[self.scope]}"
 
 

@@ -608,3 +608,36 @@ def test_a_key_freed_after_it_was_seen_held_is_published_once(
     third = notify.delay(1)
     assert third.deduplicated and third.id == second.id
     assert queue_length(app, redis_url, key_prefix) == 2
+
+
+def test_a_fresh_key_costs_no_round_trip_beyond_the_publish(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the broker's Redis the lock rides in the publish: a deduplicated task's fresh call
+    sends as many commands to Redis as a plain task's call."""
+    from kombu.transport import redis as kombu_redis
+
+    from taskdedup import RedisStore
+    from test_guarantees import CountingConnection
+
+    monkeypatch.setattr(kombu_redis.Channel, "connection_class", CountingConnection)
+    app = make_app(redis_url, key_prefix)
+    store = RedisStore.from_url(redis_url, prefix=key_prefix, connection_class=CountingConnection)
+    assert install(app, store=store).fused_publish
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def notify(user: int) -> None: ...
+
+    @app.task(shared=False)
+    def plain(user: int) -> None: ...
+
+    def sends(call: Any) -> int:
+        before = CountingConnection.sends
+        call()
+        return CountingConnection.sends - before
+
+    notify.delay(0), plain.delay(0)  # warm up: scripts loaded, queue declared
+    assert sends(lambda: notify.delay(1)) == sends(lambda: plain.delay(1))
+    assert sends(lambda: notify.delay(2)) == sends(lambda: plain.delay(2))
+    assert queue_length(app, redis_url, key_prefix) == 6

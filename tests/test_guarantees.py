@@ -216,3 +216,27 @@ def test_heartbeats_go_out_every_lease_third_not_once_per_job() -> None:
         assert elapsed >= 0.25  # and it waited for the interval instead of beating per job
     finally:
         beat.stop()
+
+
+def test_g2_an_idempotency_key_and_a_reservation_are_one_command_each(
+    private_redis_url: str,
+) -> None:
+    from taskdedup import IdempotencyKeys, ReservationGuard
+
+    client = redis.Redis.from_url(private_redis_url, connection_class=CountingConnection)
+    observer = redis.Redis.from_url(private_redis_url)
+    dedup = Deduplicator(RedisStore(client, prefix="g2i"))
+    keys, guard = IdempotencyKeys(dedup), ReservationGuard(dedup.store)
+    keys.recall("warm", "t", "fp", "warm")  # loads the scripts
+    guard.reserve("warm", 1).release()
+
+    def sent_by(action: Callable[[], Any]) -> tuple[int, int]:
+        sends, evals = CountingConnection.sends, evalsha_calls(observer)
+        action()
+        return CountingConnection.sends - sends, evalsha_calls(observer) - evals
+
+    assert sent_by(lambda: keys.recall("ci-1", "t", "fp", "A")) == (1, 1)  # new
+    assert sent_by(lambda: keys.recall("ci-1", "t", "fp", "B")) == (1, 1)  # hit
+    assert sent_by(lambda: guard.reserve("user-1", 5, member="A")) == (1, 1)
+    client.close()
+    observer.close()

@@ -641,3 +641,22 @@ def test_a_fresh_key_costs_no_round_trip_beyond_the_publish(
     assert sends(lambda: notify.delay(1)) == sends(lambda: plain.delay(1))
     assert sends(lambda: notify.delay(2)) == sends(lambda: plain.delay(2))
     assert queue_length(app, redis_url, key_prefix) == 6
+
+
+def test_a_handed_off_lock_published_through_the_push_is_confirmed(
+    app: Celery, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    """A hand-off leaves the lock to the new job id unconfirmed (grace); its publish through
+    the fused push confirms it, as a background confirmation would."""
+    from taskdedup.stores.base import Acquire
+
+    store = install(app).dedup.store
+    handed = Acquire("handoff-" + key_prefix, "next-job", ttl_ms=3_600_000, grace_ms=60_000)
+    store.run(handed)  # the lock as a hand-off leaves it: held by next-job, not confirmed
+    before = store.run(Inspect(handed.key))
+    assert before is not None and not before.confirmed
+    queue_key = f"{key_prefix}:kombu:{key_prefix}-q"
+    assert store.acquire_and_push(handed, queue_key, "{}").acquired  # type: ignore[attr-defined]
+    after = store.run(Inspect(handed.key))
+    assert after is not None and after.confirmed and after.ttl_ms > 60_000
+    assert redis_client.llen(queue_key) == 1

@@ -113,6 +113,7 @@ class AsyncHeartbeat(_Leases):
         self.dedup = dedup
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
+        self._stopping = False
 
     def add(self, lease: Lease) -> None:
         super().add(lease)
@@ -122,11 +123,16 @@ class AsyncHeartbeat(_Leases):
             self._wake.set()
 
     def start(self) -> None:
+        self._stopping = False
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
+        """End the task. The flag ends it even when ``wait_for`` swallows the cancel (3.11)."""
         if self._task is not None:
+            self._stopping = True
+            if self._wake is not None:
+                self._wake.set()
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -141,9 +147,11 @@ class AsyncHeartbeat(_Leases):
         assert self._wake is not None
         loop = asyncio.get_running_loop()
         due = loop.time() + self.interval()
-        while True:
+        while not self._stopping:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, due - loop.time()))
+            if self._stopping:
+                break
             if self._wake.is_set():  # a lease was added: it may be due sooner, not now
                 self._wake.clear()
                 due = min(due, loop.time() + self.interval())

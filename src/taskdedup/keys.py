@@ -449,6 +449,16 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature:
     return _cached_signature(fn)
 
 
+@functools.lru_cache(maxsize=1024)
+def _plain_names(fn: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The parameter names when every parameter is plain positional-or-keyword (the common
+    case, where a call with all its arguments by position binds by zip); else None."""
+    params = inspect.signature(fn).parameters.values()
+    if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return tuple(p.name for p in params)
+    return None
+
+
 def signature_parameters(fn: Callable[..., Any]) -> list[str]:
     """Names of ``fn``'s parameters, as keys of :func:`bind_arguments` results.
 
@@ -476,6 +486,13 @@ def bind_arguments(
     A call that does not bind (missing or unexpected argument) raises KeyEncodingError naming the
     task and the argument (``'*'`` when there is no single one).
     """
+    if not kwargs:
+        try:
+            names = _plain_names(fn)
+        except (TypeError, ValueError):  # unhashable or no signature: the full path says so
+            names = None
+        if names is not None and len(names) == len(args):
+            return dict(zip(names, args, strict=True))
     try:
         sig = _signature(fn)
     except (TypeError, ValueError) as exc:

@@ -66,7 +66,7 @@ def publish_guarded(
             delay=delay_of(options),
             payload=payload,
         )
-        publisher._remember(ticket)
+        publisher.recent.note(ticket)
         if ticket.deduplicated:
             if recall is not None:
                 integ.idempotency.repoint(recall, ticket.job_id, call_print)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import time
 from typing import TYPE_CHECKING, Any, cast
 
 from kombu.utils.uuid import uuid
@@ -19,6 +18,7 @@ from kombu.utils.uuid import uuid
 from ..core import Step, Ticket
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
+from ..recent import RecentKeys
 from ..reservations import ReservePolicy
 from ..stores.base import Acquire
 from ..stores.redis import RedisStore
@@ -33,10 +33,6 @@ if TYPE_CHECKING:
 #: A message that belongs to a group or chord, or carries what runs after it, is never dropped
 #: at enqueue: the canvas waits for that very id, so a deduplicated member would hang it.
 CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
-#: A key seen held is asked about first for this long: a duplicate is then found before Celery
-#: builds a message (the fused push would find it only after).
-RECENT_SECONDS = 10.0
-RECENT_KEYS = 10_000
 #: A lock already taken by a task's apply_async for the publish it is about to make.
 DECIDED: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar(
     "taskdedup_decided", default=None
@@ -49,7 +45,7 @@ class Publisher:
     def __init__(self, integration: CeleryDedup, original: Any) -> None:
         self.integration = integration
         self.original = original
-        self.recently_held: dict[str, float] = {}  # key -> until when it is asked about first
+        self.recent = RecentKeys()  # keys asked about before Celery builds a message
 
     def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         integ = self.integration
@@ -92,7 +88,7 @@ class Publisher:
         if isinstance(plan, Step) and self._fusable(plan):
             return self._publish_fused(plan, job_id, name, args, kwargs, options)
         ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)
-        self._remember(ticket)
+        self.recent.note(ticket)
         if ticket.deduplicated:
             return self._holder(ticket, options)
         return self._publish(ticket, name, args, kwargs, options)
@@ -167,12 +163,11 @@ class Publisher:
             key = policy.key_for(args or (), kwargs or {})
         except Exception:
             return None  # Celery's own checks, then the full path, report it
-        seen = self.recently_held.get(key)
-        if seen is None or seen < time.monotonic() or integ.app.conf.task_always_eager:
+        if not self.recent.seen(key) or integ.app.conf.task_always_eager:
             return None
         plan = integ.dedup.plan_enqueue(policy, args or (), kwargs or {}, key=key)
         ticket = plan if isinstance(plan, Ticket) else integ.dedup.run(plan)
-        self._remember(ticket)
+        self.recent.note(ticket)
         return ticket
 
     def _publish(
@@ -210,7 +205,7 @@ class Publisher:
         except NotPublished:
             self._forget_subscription(job_id, options)
             ticket = step.done(pending.reply)  # a duplicate; raises DuplicateJob if asked to
-            self._remember(ticket)
+            self.recent.note(ticket)
             return self._holder(ticket, options)
         except BaseException:
             if pending.reply is not None and not pending.fused:
@@ -227,7 +222,7 @@ class Publisher:
         else:  # the message left by a way that was not hooked: take its lock now
             ticket = dedup.run(step)
             dedup.published(ticket)
-        self._remember(ticket)
+        self.recent.note(ticket)
         result.deduplicated = False
         return result
 
@@ -236,17 +231,7 @@ class Publisher:
         key not seen held lately (a likely duplicate is cheaper to ask about first)."""
         if not self.integration.fused_publish:
             return False
-        seen = self.recently_held.get(cast(Acquire, step.op).key)
-        return seen is None or seen < time.monotonic()
-
-    def _remember(self, ticket: Ticket) -> None:
-        """Note keys seen held, so the next call for them asks before building a message."""
-        if ticket.key is None:
-            return
-        if ticket.outcome == "duplicate" or ticket.acquired:
-            if len(self.recently_held) >= RECENT_KEYS:
-                self.recently_held.clear()
-            self.recently_held[ticket.key] = time.monotonic() + RECENT_SECONDS
+        return not self.recent.seen(cast(Acquire, step.op).key)
 
     def _holder(self, ticket: Ticket, options: dict[str, Any]) -> Any:
         result_cls = options.get("result_cls") or self.integration.app.AsyncResult

@@ -301,14 +301,8 @@ class RedisStore(Store):
         return _Call(
             "acquire",
             self._names(op.key, "lock", "fence"),
-            [
-                op.job_id,
-                op.ttl_ms,
-                op.grace_ms,
-                1 if op.record_duplicate else 0,
-                op.payload or "",
-                0 if op.payload is None else 1,
-            ],
+            [op.job_id, op.ttl_ms, op.grace_ms, 1 if op.record_duplicate else 0]
+            + ([] if op.payload is None else [op.payload]),
             _parse_acquire,
         )
 

@@ -1,25 +1,39 @@
 -- (none) -> QUEUED(job); QUEUED -> QUEUED with dups+1 and the latest payload kept.
 -- The holder acquiring again (a hand-off being published) changes nothing.
--- KEYS: lock, fence [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), payload,
---   has_payload [, message]
+-- KEYS: lock, fence [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0)
+--   [, payload (reschedule_once: the latest duplicate's arguments)] [, message (with a list)]
 -- With a list (the broker's queue, on this same server) the job's message is pushed there when
 -- the lock is ours, in the same atomic step: lock and message appear together or not at all.
 -- The push is the first write, so if it fails (a key of the wrong type) nothing is written.
 -- Reply: one string "<acquired 1/0> <fence> <duplicates> <holder>" (cheaper to read than an array).
-local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd')
+local n = #ARGV
+local message
+if KEYS[3] then message = ARGV[n]; n = n - 1 end
+local payload = ARGV[5]
+if n < 5 then payload = nil end
+local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'c', 'e')
 if lock[1] == ARGV[1] then
-  if KEYS[3] then redis.call('LPUSH', KEYS[3], ARGV[7]) end
+  if KEYS[3] then
+    redis.call('LPUSH', KEYS[3], message)
+    if lock[4] == 'q' and lock[5] == '0' then  -- a hand-off being published: now confirmed
+      local left = tonumber(lock[6]) - now_ms()
+      if left > 0 then
+        redis.call('HSET', KEYS[1], 'c', '1')
+        redis.call('PEXPIRE', KEYS[1], left)
+      end
+    end
+  end
   return '1 ' .. lock[2] .. ' ' .. lock[3] .. ' ' .. lock[1]
 end
 if lock[1] then
   local dups = lock[3]
   if ARGV[4] == '1' then
     dups = redis.call('HINCRBY', KEYS[1], 'd', 1)
-    if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'p', ARGV[5]) end
+    if payload then redis.call('HSET', KEYS[1], 'p', payload) end
   end
   return '0 ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]
 end
-if KEYS[3] then redis.call('LPUSH', KEYS[3], ARGV[7]) end
+if KEYS[3] then redis.call('LPUSH', KEYS[3], message) end
 local ttl, grace = tonumber(ARGV[2]), tonumber(ARGV[3])
 local fence = int(next_fence(KEYS[2], ttl))
 local confirmed = '0'

@@ -1,0 +1,214 @@
+"""Which taskiq tasks are deduplicated, and how: task labels, ``@deduplicate`` and per-call labels.
+
+A task declares its policy with ``@broker.task(deduplicate={...})`` or ``@deduplicate(...)``.
+taskiq stringifies label values it cannot type when it builds a message, so the declaration is
+always read from the registered task object (like the retry middlewares read
+``types_of_exceptions``); a call adjusts it with flat, typed labels
+(``.kicker().with_labels(deduplicate_ttl=60)``), which do travel in the message, so the worker
+sees the same per-call policy as the producer.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+from taskiq.decor import AsyncTaskiqDecoratedTask
+from taskiq.labels import LabelType, parse_label
+from taskiq.message import TaskiqMessage
+from taskiq_dependencies.dependency import Dependency
+
+from ..errors import ConfigError
+from ..policy import STRATEGIES, OnConflict, Policy, Seconds, Strategy, TaskPolicy
+from ..settings import Settings
+
+T = TypeVar("T")
+
+#: The task option (``@broker.task(deduplicate=...)``); per call: False, True or a strategy.
+LABEL = "deduplicate"
+#: Per-call options: ``deduplicate_<Policy field>`` (``deduplicate_keys`` is comma-separated).
+OPTION_PREFIX = "deduplicate_"
+#: Set by taskdedup on the messages it sends and runs: the dedup key and the fencing token.
+KEY_LABEL = "taskdedup_key"
+FENCE_LABEL = "taskdedup_fence"
+#: taskiq's retry middlewares count attempts in this label.
+RETRIES_LABEL = "_retries"
+#: Where ``@deduplicate`` keeps the declaration of a function not yet made a task.
+FUNCTION_ATTR = "__taskdedup__"
+_BOOLEAN_OPTIONS = ("including_scheduled", "per_queue")
+_DEFAULTS: dict[str, Any] = {}
+
+
+def label(message: TaskiqMessage, name: str) -> Any:
+    """A label's value with its type, before or after the receiver parsed the labels."""
+    value = message.labels.get(name)
+    if value is None:
+        return None
+    kind = (message.labels_types or {}).get(name)
+    if kind is None or (kind == LabelType.BYTES and isinstance(value, bytes)):
+        return value
+    return parse_label(value, kind)
+
+
+def set_label(message: TaskiqMessage, name: str, value: str | int, *, parsed: bool) -> None:
+    """Set a label so that it keeps its type through serialization: as a string with its type
+    before sending (``parsed=False``), as the value itself on a message the receiver parsed."""
+    message.labels[name] = value if parsed else str(value)
+    kind = LabelType.INT if isinstance(value, int) else LabelType.STR
+    if message.labels_types is None:
+        message.labels_types = {}
+    message.labels_types[name] = kind.value
+
+
+def deduplicate(
+    strategy: Strategy | None = None,
+    *,
+    ttl: Seconds | None = None,
+    lease: Seconds | None = None,
+    keys: Sequence[str] | None = None,
+    key: Callable[..., Any] | str | None = None,
+    on_conflict: OnConflict | None = None,
+    including_scheduled: bool | None = None,
+    per_queue: bool | None = None,
+    max_attempts: int | None = None,
+) -> Callable[[T], T]:
+    """Deduplicate a taskiq task: stack it on ``@broker.task`` (either side).
+
+    Options left out take the middleware's defaults (``default_strategy`` and friends). A bad
+    option, or a ``keys=`` name the function does not take, raises ConfigError here.
+    """
+    options = {
+        name: value
+        for name, value in {
+            "strategy": strategy,
+            "ttl": ttl,
+            "lease": lease,
+            "keys": keys,
+            "key": key,
+            "on_conflict": on_conflict,
+            "including_scheduled": including_scheduled,
+            "per_queue": per_queue,
+            "max_attempts": max_attempts,
+        }.items()
+        if value is not None
+    }
+    Policy.from_options(options)  # validate now
+
+    def apply(target: T) -> T:
+        if isinstance(target, AsyncTaskiqDecoratedTask):
+            target.labels[LABEL] = options
+            Policies(Settings()).check(target)
+        else:
+            setattr(target, FUNCTION_ATTR, options)
+            name = getattr(target, "__name__", "?")
+            Settings().policy(options).bind(name, call_shape(cast(Any, target)))
+        return target
+
+    return apply
+
+
+def task_function(task: AsyncTaskiqDecoratedTask[Any, Any]) -> Callable[..., Any]:
+    """The function the task's arguments bind to (without taskdedup's guard around it)."""
+    fn = task.original_func
+    while getattr(fn, "__taskdedup_guard__", False):
+        fn = fn.__wrapped__  # type: ignore[attr-defined]
+    return fn
+
+
+def call_shape(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as callers see it: without the parameters taskiq injects (``TaskiqDepends()``
+    defaults), which are not part of a call and so not part of its key."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if not isinstance(p.default, Dependency)]
+    if len(params) == len(sig.parameters):
+        return fn
+
+    @functools.wraps(fn)
+    def shape(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a signature only")
+
+    shape.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return shape
+
+
+def declared(task: AsyncTaskiqDecoratedTask[Any, Any]) -> Any:
+    """The task's own declaration (a dict, a Policy, a strategy name, True/False) or None."""
+    options = task.labels.get(LABEL)
+    if options is None:
+        options = getattr(task_function(task), FUNCTION_ATTR, None)
+    return options
+
+
+class Policies:
+    """Turns a task and a message's labels into a bound TaskPolicy, cached per combination."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._cache: dict[tuple[str, int, tuple[tuple[str, Any], ...]], tuple[Any, TaskPolicy]] = {}
+
+    def check(self, task: AsyncTaskiqDecoratedTask[Any, Any]) -> None:
+        """Bind the task's declaration now, so a bad policy fails when the task is defined."""
+        self.resolve(task, declared(task), ())
+
+    def for_message(
+        self, task: AsyncTaskiqDecoratedTask[Any, Any], message: TaskiqMessage
+    ) -> TaskPolicy | None:
+        """The policy of one call: the task's declaration adjusted by the message's labels."""
+        base = declared(task)
+        overrides: list[tuple[str, Any]] = []
+        for name in message.labels:
+            if name.startswith(OPTION_PREFIX):
+                overrides.append((name[len(OPTION_PREFIX) :], label(message, name)))
+        switch = label(message, LABEL)
+        if switch is False:
+            return None  # switched off for this call
+        if isinstance(switch, str) and switch in STRATEGIES:
+            overrides.append(("strategy", switch))
+        if base is None or base is False:
+            if switch is not True and not overrides:
+                return None
+            base = _DEFAULTS  # switched on for this call: the middleware's defaults
+        return self.resolve(task, base, tuple(sorted(overrides)))
+
+    def resolve(
+        self,
+        task: AsyncTaskiqDecoratedTask[Any, Any],
+        base: Any,
+        overrides: tuple[tuple[str, Any], ...],
+    ) -> TaskPolicy | None:
+        if base is None or base is False:
+            return None
+        cache_key = (task.task_name, id(base), overrides)
+        cached = self._cache.get(cache_key)
+        if cached is not None and cached[0] is base:
+            return cached[1]
+        try:
+            bound = self.settings.policy(_merge(base, overrides)).bind(
+                task.task_name, call_shape(task_function(task))
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"task {task.task_name!r}: {exc}") from None
+        self._cache[cache_key] = (base, bound)
+        return bound
+
+
+def _merge(base: Any, overrides: tuple[tuple[str, Any], ...]) -> Any:
+    """The declaration with per-call options on top (a Policy is taken apart first)."""
+    if base is True:
+        base = {}
+    if not overrides:
+        return base
+    if isinstance(base, Policy):
+        base = {name: getattr(base, name) for name in Policy.__dataclass_fields__}
+    elif isinstance(base, str):
+        base = {"strategy": base}
+    merged = dict(base)
+    for name, value in overrides:
+        if name == "keys" and isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        elif name in _BOOLEAN_OPTIONS and isinstance(value, str):
+            value = value.strip().lower() in ("1", "true", "yes", "on")
+        merged[name] = value
+    return merged

@@ -1,0 +1,386 @@
+"""The producer side: every taskiq send passes ``pre_send`` and then ``broker.kick``.
+
+``task.kiq()``, ``task.kicker().kiq()``, an ``AsyncKicker`` by name, the scheduler and the retry
+middlewares all build a message, run the middlewares' ``pre_send`` and call ``broker.kick``.
+A stock ``pre_send`` cannot cancel a send, so the middleware wraps the broker's ``kick`` too:
+``pre_send`` decides (or plans) and notes the decision in a context variable, which the kick of
+the same ``kiq()`` reads. A duplicate is not kicked, and its ``task_id`` becomes the holder's, so
+the handle ``kiq()`` returns points at the job that will run.
+
+On a taskiq-redis ``ListQueueBroker`` whose Redis is the store's, the lock and the message are
+written by one script in the kick (one round trip, no confirmation needed); elsewhere the lock is
+taken in ``pre_send`` and confirmed in a batch after the broker's own kick succeeded (G11).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from copy import copy
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from taskiq.decor import AsyncTaskiqDecoratedTask
+from taskiq.kicker import AsyncKicker
+from taskiq.labels import LabelType
+from taskiq.message import BrokerMessage, TaskiqMessage
+from taskiq.task import AsyncTaskiqTask
+from taskiq_redis import ListQueueBroker
+
+from ..core import Step, Ticket
+from ..errors import DuplicateJob, StoreUnavailable
+from ..policy import TaskPolicy
+from ..recent import RecentKeys
+from ..stores.base import Acquire
+from ..stores.redis import RedisStore
+from .options import (
+    FENCE_LABEL,
+    KEY_LABEL,
+    LABEL,
+    OPTION_PREFIX,
+    RETRIES_LABEL,
+    declared,
+    label,
+    set_label,
+)
+
+if TYPE_CHECKING:
+    from taskiq.abc.broker import AsyncBroker
+
+    from .middleware import DedupMiddleware
+
+log = logging.getLogger("taskdedup")
+P = ParamSpec("P")
+R = TypeVar("R")
+Kick = Callable[[BrokerMessage], Awaitable[None]]
+
+
+@dataclasses.dataclass(slots=True)
+class Decision:
+    """What ``pre_send`` decided for one ``kiq()``, for the kick (and the kicker) to act on."""
+
+    message: TaskiqMessage
+    sent_id: str  # the task id the message was built with
+    job_id: str  # the id the caller's handle gets: the holder's for a duplicate
+    deduplicated: bool = False
+    ticket: Ticket | None = None  # acquired in pre_send: confirm after the kick
+    step: Step[Ticket] | None = None  # fused path: acquire and push in the kick
+    queue: str = ""
+    kicked: bool = False
+
+
+_DECISION: contextvars.ContextVar[Decision | None] = contextvars.ContextVar(
+    "taskdedup_decision", default=None
+)
+#: A lock already taken by a kicker's ask-first for the kick it is about to make.
+_DECIDED: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar(
+    "taskdedup_decided", default=None
+)
+#: Set while taskdedup itself re-sends a message (a deferred copy, a hand-off): no dedup.
+PASS_THROUGH: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "taskdedup_pass_through", default=False
+)
+
+
+def dump_call(broker: AsyncBroker, args: Any, kwargs: Any) -> str:
+    """A duplicate's arguments, kept for reschedule_once, in the broker's own serializer."""
+    return base64.b64encode(broker.serializer.dumpb([args, kwargs])).decode()
+
+
+def load_call(broker: AsyncBroker, payload: str) -> tuple[list[Any], dict[str, Any]]:
+    args, kwargs = broker.serializer.loadb(base64.b64decode(payload))
+    return list(args), dict(kwargs)
+
+
+def queue_of(broker: AsyncBroker, message: TaskiqMessage) -> str | None:
+    """The queue the message goes to (taskiq-redis honours a ``queue_name`` label)."""
+    return message.labels.get("queue_name") or getattr(broker, "queue_name", None)
+
+
+class Producer:
+    """``pre_send`` and the wrapped ``kick`` of one broker."""
+
+    def __init__(self, middleware: DedupMiddleware) -> None:
+        self.mw = middleware
+        self.original_kick: Kick | None = None
+        self._fusable: bool | None = None
+        self.recent = RecentKeys()  # keys asked about before a message is built
+
+    def install(self, broker: AsyncBroker) -> None:
+        """Wrap the broker's kick (once) and make its tasks hand out marked handles."""
+        if self.original_kick is None:
+            self.original_kick = broker.kick
+            broker.kick = self.kick  # type: ignore[method-assign]
+            broker._taskdedup_producer = self  # type: ignore[attr-defined]
+        if broker.decorator_class is AsyncTaskiqDecoratedTask:
+            broker.decorator_class = DedupTask
+
+    # ------------------------------------------------------------------ pre_send
+
+    async def pre_send(self, message: TaskiqMessage) -> TaskiqMessage:
+        _DECISION.set(None)
+        if PASS_THROUGH.get():
+            return message
+        broker = self.mw.broker
+        task = broker.find_task(message.task_name)
+        if task is None:
+            return message
+        policy = self.mw.policies.for_message(task, message)
+        if policy is None:
+            return message
+        if (message.labels_types or {}).get(LABEL) == LabelType.ANY:  # stringified declaration
+            del message.labels[LABEL]
+            del message.labels_types[LABEL]  # type: ignore[union-attr]
+        retries = int(label(message, RETRIES_LABEL) or 0)
+        if retries > 0:
+            await self._retry(policy, message, retries)
+            return message
+        decided = _DECIDED.get()
+        if decided is not None and decided.job_id == message.task_id:
+            if decided.key is not None:
+                set_label(message, KEY_LABEL, decided.key, parsed=False)
+            _DECISION.set(Decision(message, message.task_id, message.task_id, ticket=decided))
+            return message
+        queue = queue_of(broker, message)
+        delay = float(label(message, "delay") or 0.0)
+        payload = None
+        if policy.policy.on_conflict == "reschedule_once":
+            payload = dump_call(broker, message.args, message.kwargs)
+        decision = Decision(message, message.task_id, message.task_id)
+        fused = self._fused_queue(message, policy)
+        if fused is not None:
+            plan = self.mw.dedup.plan_enqueue(
+                policy, message.args, message.kwargs, message.task_id, queue, delay, payload
+            )
+            if isinstance(plan, Ticket):  # not deduplicated (disabled, scheduled, ...)
+                return message
+            assert isinstance(plan.op, Acquire)
+            set_label(message, KEY_LABEL, plan.op.key, parsed=False)
+            decision.step, decision.queue = plan, fused
+            _DECISION.set(decision)
+            return message
+        ticket = await self._enqueue(policy, message, queue, delay, payload)
+        self.recent.note(ticket)
+        if ticket.key is not None:
+            set_label(message, KEY_LABEL, ticket.key, parsed=False)
+        if ticket.deduplicated:
+            message.task_id = decision.job_id = ticket.job_id
+            decision.deduplicated = True
+        elif ticket.acquired:
+            decision.ticket = ticket
+        _DECISION.set(decision)
+        return message
+
+    async def _enqueue(
+        self,
+        policy: TaskPolicy,
+        message: TaskiqMessage,
+        queue: str | None,
+        delay: float,
+        payload: str | None,
+    ) -> Ticket:
+        try:
+            return await self.mw.dedup.aenqueue(
+                policy,
+                message.args,
+                message.kwargs,
+                job_id=message.task_id,
+                queue=queue,
+                delay=delay,
+                payload=payload,
+            )
+        except DuplicateJob as dup:
+            if "schedule_id" not in message.labels:
+                raise
+            # a scheduler never sees DuplicateJob: the duplicate tick is skipped quietly
+            log.info("taskdedup: scheduled %s skipped: job %s holds it", message.task_name, dup)
+            return Ticket("duplicate", dup.job_id, dup.key)
+
+    async def _retry(self, policy: TaskPolicy, message: TaskiqMessage, retries: int) -> None:
+        """A retry middleware re-sends the job under its id: it keeps its lock (G6)."""
+        key = label(message, KEY_LABEL) or policy.key_for(
+            message.args, message.kwargs, queue_of(self.mw.broker, message)
+        )
+        delay = float(label(message, "delay") or 0.0)
+        self.mw.worker.retried(message.task_id, retries - 1)
+        await self.mw.dedup.aretry(policy, key, message.task_id, delay=delay, attempt=retries - 1)
+        set_label(message, KEY_LABEL, key, parsed=False)
+        for name in (FENCE_LABEL, "taskdedup_attempt"):
+            message.labels.pop(name, None)
+
+    async def ask_first(self, kicker: AsyncKicker[Any, Any], args: Any, kwargs: Any) -> Any:
+        """For a plain kick of a key seen held lately, the store's answer before taskiq builds
+        a message: the holder's handle for a duplicate, else None (the kick goes on, under the
+        lock just taken when there is one)."""
+        labels = kicker.labels
+        if (
+            PASS_THROUGH.get()
+            or kicker.custom_task_id
+            or any(name.startswith(OPTION_PREFIX) or name in _ASK_FIRST_SKIPS for name in labels)
+        ):
+            return None
+        task = self.mw.broker.find_task(kicker.task_name)
+        if task is None:
+            return None
+        policy = self.mw.policies.resolve(task, declared(task), ())
+        if policy is None or policy.policy.per_queue:
+            return None
+        if policy.policy.on_conflict == "reschedule_once" or (
+            LABEL in labels and (labels[LABEL] is not declared(task))
+        ):
+            return None  # kept arguments and per-call switches take the full path
+        try:
+            key = policy.key_for(args, kwargs)
+        except Exception:
+            return None  # the full path reports it
+        if not self.recent.seen(key):
+            return None
+        dedup = self.mw.dedup
+        plan = dedup.plan_enqueue(policy, args, kwargs, key=key)
+        ticket = plan if isinstance(plan, Ticket) else await dedup.arun(plan)
+        self.recent.note(ticket)
+        if ticket.deduplicated:
+            handle = AsyncTaskiqTask(
+                task_id=ticket.job_id,
+                result_backend=self.mw.broker.result_backend,
+                return_type=kicker.return_type,
+            )
+            handle.deduplicated = True  # type: ignore[attr-defined]
+            return handle
+        kicker.with_task_id(ticket.job_id)
+        _DECIDED.set(ticket)
+        return None
+
+    def _fused_queue(self, message: TaskiqMessage, policy: TaskPolicy) -> str | None:
+        """The Redis list to push onto in the acquire script, when the fused path applies."""
+        if policy.policy.on_conflict == "raise":
+            return None  # DuplicateJob must leave pre_send: the kick's errors become SendTaskError
+        broker = self.mw.broker
+        if self._fusable is None:
+            store = self.mw.dedup.store
+            self._fusable = (
+                type(broker).kick is ListQueueBroker.kick
+                and isinstance(store, RedisStore)
+                and store.shares_server(broker.connection_pool.connection_kwargs)  # type: ignore[attr-defined]
+            )
+        if not self._fusable:
+            return None
+        return message.labels.get("queue_name") or broker.queue_name  # type: ignore[attr-defined, no-any-return]
+
+    # ------------------------------------------------------------------ kick
+
+    async def kick(self, message: BrokerMessage) -> None:
+        """The broker's kick, skipped for a duplicate and fused with the acquire if planned."""
+        assert self.original_kick is not None
+        decision = _DECISION.get()
+        if (
+            decision is None
+            or decision.kicked
+            or message.task_id not in (decision.sent_id, decision.job_id)
+        ):
+            await self.original_kick(message)
+            return
+        decision.kicked = True
+        if decision.deduplicated:
+            return
+        if decision.step is not None:
+            await self._acquire_and_push(decision, decision.step, message)
+            return
+        ticket = decision.ticket
+        try:
+            await self.original_kick(message)
+        except BaseException:
+            if ticket is not None:  # G5: released before the error reaches the caller
+                await self.mw.dedup.apublish_failed(ticket)
+            raise
+        if ticket is not None:
+            self.mw.dedup.published(ticket)
+
+    async def _acquire_and_push(
+        self, decision: Decision, step: Step[Ticket], message: BrokerMessage
+    ) -> None:
+        assert self.original_kick is not None
+        store = self.mw.dedup.store
+        assert isinstance(store, RedisStore)
+        try:
+            assert isinstance(step.op, Acquire)
+            reply = await store.aacquire_and_push(step.op, decision.queue, message.message)
+        except StoreUnavailable as exc:
+            step.failed(exc)  # logs; raises when on_store_error="raise"
+            await self.original_kick(message)  # else publish without dedup (G5)
+            return
+        ticket = step.done(reply)
+        self.recent.note(ticket)
+        if ticket.deduplicated:
+            decision.deduplicated = True
+            decision.job_id = decision.message.task_id = ticket.job_id
+        elif not reply.acquired:  # dry run: a duplicate is published all the same
+            await self.original_kick(message)
+
+
+#: Labels whose kicks always take the full path (a retry, a schedule, a delay, a queue).
+_ASK_FIRST_SKIPS = frozenset({RETRIES_LABEL, "schedule_id", "delay", "queue_name", KEY_LABEL})
+
+
+def _producer_of(broker: AsyncBroker) -> Producer | None:
+    return getattr(broker, "_taskdedup_producer", None)
+
+
+def mark(handle: Any) -> Any:
+    """Set ``.deduplicated`` (and the holder's id) on the handle ``kiq()`` just returned."""
+    decision = _DECISION.get()
+    deduplicated = bool(
+        decision is not None
+        and decision.kicked
+        and decision.deduplicated
+        and handle.task_id in (decision.sent_id, decision.job_id)
+    )
+    if deduplicated:
+        assert decision is not None
+        handle.task_id = decision.job_id
+    handle.deduplicated = deduplicated
+    return handle
+
+
+class DedupKicker(AsyncKicker[P, R]):
+    """An ``AsyncKicker`` whose handles say whether the send was deduplicated.
+
+    Tasks of a broker with the middleware hand these out from ``.kicker()``; build one
+    yourself to kick by name: ``DedupKicker("app:report", broker, {}).kiq(...)``.
+    """
+
+    async def kiq(self, *args: Any, **kwargs: Any) -> Any:
+        producer = _producer_of(self.broker)
+        if producer is not None:
+            token = _DECIDED.set(None)
+            try:
+                early = await producer.ask_first(self, args, kwargs)
+                if early is not None:
+                    return early
+                return mark(await super().kiq(*args, **kwargs))
+            finally:
+                _DECIDED.reset(token)
+        return mark(await super().kiq(*args, **kwargs))
+
+
+class DedupTask(AsyncTaskiqDecoratedTask[P, R]):
+    """The broker's task class while the middleware is installed: a bad ``deduplicate=``
+    label fails when the task is defined, and ``.kicker()`` is a :class:`DedupKicker`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from .middleware import DedupMiddleware
+
+        for middleware in self.broker.middlewares:
+            if isinstance(middleware, DedupMiddleware):
+                middleware.policies.check(self)
+
+    def kicker(self) -> DedupKicker[P, R]:
+        return DedupKicker(
+            task_name=self.task_name,
+            broker=self.broker,
+            labels=copy(self.labels),
+            return_type=self.return_type,
+        )

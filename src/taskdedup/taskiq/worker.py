@@ -1,0 +1,291 @@
+"""The worker side: claim in ``pre_execute``, heartbeat while the task runs, finish afterwards.
+
+A taskiq middleware cannot stop the receiver from calling the task, so each deduplicated task's
+function gets a thin guard: a delivery that must not run carries a marker keyword argument, and
+the guard raises taskiq's ``NoResultError`` for it instead of calling the function. taskiq then
+writes no result (the holder's stays), the retry middlewares leave it alone, and the message is
+acknowledged as usual. A copy whose holder still runs, or a while_executing job whose key is
+busy, is sent again later under the same id (if the holder died meanwhile, it takes over after
+the lease); a copy of a finished job is dropped (G7).
+
+The lock is finished in ``post_execute``, which runs after every middleware's ``on_error``: by
+then a retry middleware has re-sent the job (seen by the producer side, which keeps the lock)
+or not, whatever the order of the middlewares (G6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from taskiq.decor import AsyncTaskiqDecoratedTask
+from taskiq.exceptions import NoResultError
+from taskiq.kicker import AsyncKicker
+from taskiq.message import TaskiqMessage
+from taskiq.result import TaskiqResult
+
+from ..background import AsyncHeartbeat
+from ..core import Admission, Ticket
+from ..policy import TaskPolicy
+from ..stores.base import Handoff
+from .options import FENCE_LABEL, KEY_LABEL, RETRIES_LABEL, label, set_label
+from .producer import PASS_THROUGH, load_call, queue_of
+
+if TYPE_CHECKING:
+    from .middleware import DedupMiddleware
+
+log = logging.getLogger("taskdedup")
+#: The keyword argument that tells the guard not to run this delivery.
+SKIP_KWARG = "__taskdedup_skip__"
+BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
+ATTEMPT_LABEL = "taskdedup_attempt"
+_NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, "schedule_id")
+
+
+class _SyncGuard:
+    """The guard of a sync task function (a class, so a process pool can pickle it)."""
+
+    __taskdedup_guard__ = True
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.pop(SKIP_KWARG, None) is not None:
+            raise NoResultError()
+        return self.fn(*args, **kwargs)
+
+
+def guard(task: AsyncTaskiqDecoratedTask[Any, Any]) -> None:
+    """Put the guard around the task's function, once (the receiver reads it per message)."""
+    fn = task.original_func
+    if getattr(fn, "__taskdedup_guard__", False):
+        return
+    if asyncio.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.pop(SKIP_KWARG, None) is not None:
+                raise NoResultError()
+            return await fn(*args, **kwargs)
+
+        run.__taskdedup_guard__ = True  # type: ignore[attr-defined]
+        task.original_func = run
+    else:
+        task.original_func = _SyncGuard(fn)
+
+
+@dataclasses.dataclass(slots=True)
+class Run:
+    """One admitted delivery, from ``pre_execute`` to ``post_execute``."""
+
+    policy: TaskPolicy
+    admission: Admission
+    attempt: int
+    retried: bool = False  # a retry of this attempt was sent: keep the lock
+    error: BaseException | None = None  # what the task raised (before middlewares changed it)
+
+
+class Worker:
+    """Claim, heartbeat, retry and finish for the deliveries of one broker's worker."""
+
+    def __init__(self, middleware: DedupMiddleware) -> None:
+        self.mw = middleware
+        self.runs: dict[tuple[str, int], Run] = {}
+        self._heartbeat: AsyncHeartbeat | None = None
+        self._later: dict[asyncio.Task[None], TaskiqMessage] = {}
+
+    def heartbeat(self) -> AsyncHeartbeat:
+        if self._heartbeat is None:
+            self._heartbeat = AsyncHeartbeat(self.mw.dedup)
+        return self._heartbeat
+
+    async def pre_execute(self, message: TaskiqMessage) -> TaskiqMessage:
+        broker = self.mw.broker
+        task = broker.find_task(message.task_name)
+        if task is None:
+            return message
+        policy = self.mw.policies.for_message(task, message)
+        if policy is None:
+            return message
+        guard(task)
+        attempt = int(label(message, RETRIES_LABEL) or 0)
+        admission = await self.mw.dedup.aclaim(
+            policy,
+            message.task_id,
+            key=label(message, KEY_LABEL) or None,
+            args=message.args,
+            kwargs=message.kwargs,
+            queue=queue_of(broker, message),
+            attempt=attempt,
+        )
+        if admission.handoff is not None:
+            await self.hand_off(message, admission.key, admission.handoff)
+        if not admission.should_run:
+            self._skip(policy, message, admission)
+            return message
+        if admission.key is not None:
+            set_label(message, KEY_LABEL, admission.key, parsed=True)
+            set_label(message, FENCE_LABEL, admission.fence, parsed=True)
+        if admission.outcome == "run":
+            # the retry middlewares bump _retries in this very labels dict when they re-send
+            set_label(message, ATTEMPT_LABEL, attempt, parsed=True)
+            self.runs[(message.task_id, attempt)] = Run(policy, admission, attempt)
+            if admission.lease is not None:
+                self.heartbeat().add(admission.lease)
+        return message
+
+    def on_error(self, message: TaskiqMessage, exception: BaseException) -> None:
+        if SKIP_KWARG in message.kwargs:
+            return
+        run = self.runs.get((message.task_id, _attempt(message)))
+        if run is not None:
+            run.error = exception
+
+    def retried(self, job_id: str, attempt: int) -> None:
+        """The producer side saw a retry of ``job_id`` sent after ``attempt`` failed."""
+        run = self.runs.get((job_id, attempt))
+        if run is not None:
+            run.retried = True
+
+    async def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
+        if message.kwargs.pop(SKIP_KWARG, None) is not None:
+            return
+        attempt = _attempt(message)
+        run = self.runs.pop((message.task_id, attempt), None)
+        if run is None or run.admission.key is None:
+            return
+        if run.admission.lease is not None:
+            self.heartbeat().discard(run.admission.lease)
+        dedup, key = self.mw.dedup, run.admission.key
+        if run.retried:
+            return  # the retry's send moved the lock back to QUEUED under this id
+        if _retry_scheduled(run, result):
+            # a retry middleware swapped the error for NoResultError without a send we saw
+            # (SmartRetryMiddleware with a schedule_source): keep the lock for that retry
+            await dedup.aretry(run.policy, key, message.task_id, attempt=attempt)
+            return
+        done = await dedup.afinish(run.policy, key, message.task_id, attempt=attempt)
+        if done.handoff is not None:
+            await self.hand_off(message, key, done.handoff)
+
+    # ------------------------------------------------------------------ not running
+
+    def _skip(self, policy: TaskPolicy, message: TaskiqMessage, admission: Admission) -> None:
+        """Do not run this delivery; a copy of a running job, or a busy one, comes back later."""
+        message.kwargs[SKIP_KWARG] = admission.outcome
+        if admission.outcome in ("busy", "running"):
+            delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
+            copy = message.model_copy(deep=True)
+            copy.kwargs.pop(SKIP_KWARG, None)
+            later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
+            self._later[later] = copy
+            later.add_done_callback(lambda done: self._later.pop(done, None))
+            action = f"sent again in {delay:g}s"
+        else:
+            action = "dropped"
+        log.info(
+            "taskdedup: not running %s[%s]: %s (holder %s), %s",
+            message.task_name,
+            message.task_id,
+            admission.outcome,
+            admission.holder,
+            action,
+        )
+
+    async def _send_later(self, message: TaskiqMessage, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._later.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+        await self.send(message)
+
+    async def send(
+        self,
+        message: TaskiqMessage,
+        *,
+        task_id: str | None = None,
+        args: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        drop_labels: tuple[str, ...] = (),
+    ) -> None:
+        """Send ``message`` (or a variant of it) as it is: taskdedup does not deduplicate it."""
+        labels = {k: v for k, v in message.labels.items() if k not in drop_labels}
+        kicker: AsyncKicker[Any, Any] = AsyncKicker(message.task_name, self.mw.broker, labels)
+        token = PASS_THROUGH.set(True)
+        try:
+            await kicker.with_task_id(task_id or message.task_id).kiq(
+                *(message.args if args is None else args),
+                **(message.kwargs if kwargs is None else kwargs),
+            )
+        finally:
+            PASS_THROUGH.reset(token)
+
+    async def hand_off(self, message: TaskiqMessage, key: str | None, handoff: Handoff) -> None:
+        """Publish the one rescheduled run (reschedule_once) under the id the lock now holds."""
+        if key is None:
+            return
+        if handoff.payload is not None:
+            args, kwargs = load_call(self.mw.broker, handoff.payload)
+        else:
+            args = list(message.args)
+            kwargs = {k: v for k, v in message.kwargs.items() if k != SKIP_KWARG}
+        ticket = Ticket("acquired", handoff.job_id, key, confirm=True)
+        try:
+            await self.send(
+                message,
+                task_id=handoff.job_id,
+                args=args,
+                kwargs=kwargs,
+                drop_labels=_NOT_HANDED_ON,
+            )
+        except BaseException:
+            await self.mw.dedup.apublish_failed(ticket)
+            raise
+        self.mw.dedup.published(ticket)
+
+    async def close(self) -> None:
+        """Stop beating; send the copies waiting to be sent again now, so none is lost."""
+        waiting, self._later = self._later, {}
+        for later, message in waiting.items():
+            later.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await later
+            try:
+                await self.send(message)
+            except Exception:
+                log.exception(
+                    "taskdedup: could not send %s[%s] again", message.task_name, message.task_id
+                )
+        if self._heartbeat is not None:
+            await _stop(self._heartbeat)
+            self._heartbeat = None
+
+
+async def _stop(heartbeat: AsyncHeartbeat) -> None:
+    """``heartbeat.stop()``, cancelling again until it ends: on Python 3.11 ``wait_for``
+    swallows a cancel that lands just after the heartbeat was woken, and one stop() would then
+    wait for good (the core's AsyncHeartbeat loop uses wait_for)."""
+    stops = [asyncio.ensure_future(heartbeat.stop())]
+    while not all(stop.done() for stop in stops):
+        await asyncio.wait(stops, timeout=0.5)
+        if not all(stop.done() for stop in stops):
+            stops.append(asyncio.ensure_future(heartbeat.stop()))
+
+
+def _attempt(message: TaskiqMessage) -> int:
+    """The attempt this delivery ran as (noted in pre_execute, as _retries may have moved)."""
+    noted = label(message, ATTEMPT_LABEL)
+    return int(noted if noted is not None else label(message, RETRIES_LABEL) or 0)
+
+
+def _retry_scheduled(run: Run, result: TaskiqResult[Any]) -> bool:
+    return (
+        isinstance(result.error, NoResultError)
+        and run.error is not None
+        and not isinstance(run.error, NoResultError)
+    )

@@ -1,0 +1,100 @@
+"""A taskiq broker for tests that run real ``taskiq worker`` processes (kill -9, redelivery).
+
+The test passes the Redis URL, its key prefix, the broker kind (``list`` or ``stream``) and the
+middleware order in the environment; every key the app writes (queue, stream, results, locks,
+markers) is under that prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import redis
+from taskiq import Context, SimpleRetryMiddleware, SmartRetryMiddleware, TaskiqDepends, TaskiqEvents
+from taskiq.abc.middleware import TaskiqMiddleware
+from taskiq.state import TaskiqState
+from taskiq_redis import ListQueueBroker, RedisAsyncResultBackend, RedisStreamBroker
+
+from taskdedup.taskiq import DedupMiddleware, deduplicate
+
+URL = os.environ["TD_REDIS_URL"]
+PREFIX = os.environ["TD_PREFIX"]
+KIND = os.environ.get("TD_BROKER", "list")
+ORDER = os.environ.get("TD_ORDER", "dedup first")
+RETRY = os.environ.get("TD_RETRY", "simple")
+IDLE_MS = int(os.environ.get("TD_IDLE_MS", "600000"))
+CONTEXT = TaskiqDepends()
+
+if KIND == "stream":
+    broker: ListQueueBroker | RedisStreamBroker = RedisStreamBroker(
+        URL,
+        queue_name=f"{PREFIX}-stream",
+        consumer_group_name=f"{PREFIX}-group",
+        idle_timeout=IDLE_MS,  # an unacked message older than this is claimed again
+        unacknowledged_lock_timeout=5,
+        xread_block=200,
+    )
+else:
+    broker = ListQueueBroker(URL, queue_name=f"{PREFIX}-q")
+
+retry: TaskiqMiddleware
+if RETRY == "smart":
+    retry = SmartRetryMiddleware(default_retry_count=5, default_delay=0.2)
+else:
+    retry = SimpleRetryMiddleware(default_retry_count=5)
+dedup = DedupMiddleware(URL, key_prefix=PREFIX)
+broker = broker.with_result_backend(
+    RedisAsyncResultBackend(URL, prefix_str=f"{PREFIX}:result", result_ex_time=600)
+).with_middlewares(*((dedup, retry) if ORDER == "dedup first" else (retry, dedup)))
+marks = redis.Redis.from_url(URL)
+
+
+def mark(name: str, value: object = 1) -> None:
+    marks.set(f"{PREFIX}:mark:{name}", str(value), ex=600)
+
+
+def count(name: str) -> int:
+    runs = int(marks.incr(f"{PREFIX}:mark:{name}"))
+    marks.expire(f"{PREFIX}:mark:{name}", 600)
+    return runs
+
+
+@broker.on_event(TaskiqEvents.WORKER_STARTUP)
+async def ready(state: TaskiqState) -> None:
+    mark(f"ready:{os.getpid()}")
+
+
+@broker.task(task_name="sub.long_job", deduplicate={"strategy": "until_executed", "lease": 2})
+async def long_job(name: str, seconds: float) -> str:
+    """Async: counts its runs, notes its pid, then sleeps."""
+    count(f"runs:{name}")
+    mark(f"pid:{name}", os.getpid())
+    await asyncio.sleep(seconds)
+    return name
+
+
+@deduplicate("until_executed", lease=2, keys=["name"])
+@broker.task(task_name="sub.sync_job")
+def sync_job(name: str, seconds: float) -> str:
+    """Sync (runs in the worker's thread pool): counts its runs, then sleeps."""
+    count(f"runs:{name}")
+    mark(f"pid:{name}", os.getpid())
+    time.sleep(seconds)
+    return name
+
+
+@broker.task(
+    task_name="sub.flaky",
+    deduplicate={"strategy": "until_executed", "lease": 5},
+    retry_on_error=True,
+)
+async def flaky(name: str, context: Context = CONTEXT) -> str:
+    """Fails on its first two attempts."""
+    attempt = int(context.message.labels.get("_retries", 0))
+    count(f"runs:{name}")
+    await asyncio.sleep(0.3)
+    if attempt < 2:
+        raise RuntimeError(f"attempt {attempt} fails")
+    return f"{name} after {attempt} retries"

@@ -1,0 +1,259 @@
+"""taskiq with real ``taskiq worker`` processes on taskiq-redis brokers (ListQueueBroker and
+RedisStreamBroker): kill -9 mid-job, a redelivered copy, retries in both middleware orders, and
+32 concurrent kicks on the fused acquire-and-push path.
+
+The producer side runs in the test process (its own event loop per test, ``asyncio.run``); the
+workers are subprocesses importing ``taskiq_worker_app`` with this test's key prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import pytest
+import redis
+
+from harness import wait_for
+
+HERE = Path(__file__).resolve().parent
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+class WorkerProcess:
+    """``taskiq worker taskiq_worker_app:broker`` with one child process."""
+
+    def __init__(self, redis_url: str, prefix: str, logs: Path, **env: str) -> None:
+        self.prefix = prefix
+        self.client = redis.Redis.from_url(redis_url)
+        environ = dict(os.environ, TD_REDIS_URL=redis_url, TD_PREFIX=prefix, **env)
+        environ["PYTHONPATH"] = os.pathsep.join([str(HERE), environ.get("PYTHONPATH", "")])
+        self.log_path = logs / f"worker-{time.monotonic_ns()}.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "taskiq",
+                "worker",
+                "taskiq_worker_app:broker",
+                "--workers",
+                "1",
+                "--log-level",
+                "INFO",
+                "--shutdown-timeout",
+                "5",
+            ],
+            env=environ,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=HERE,
+        )
+        wait_for(lambda: self.children_ready() or self._died(), 60, "the worker to start")
+
+    def children_ready(self) -> bool:
+        return bool(list(self.client.scan_iter(match=f"{self.prefix}:mark:ready:*")))
+
+    def _died(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited: {self.log_path.read_text()[-3000:]}")
+        return False
+
+    def mark(self, name: str) -> bytes | None:
+        return self.client.get(f"{self.prefix}:mark:{name}")  # type: ignore[return-value]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.client.close()
+        self.log.close()
+
+
+@pytest.fixture
+def app_env(redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Import the worker app in the test process too (the producer side), configured alike."""
+
+    def load(**env: str) -> ModuleType:
+        monkeypatch.setenv("TD_REDIS_URL", redis_url)
+        monkeypatch.setenv("TD_PREFIX", key_prefix)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.syspath_prepend(str(HERE))
+        sys.modules.pop("taskiq_worker_app", None)
+        import taskiq_worker_app
+
+        return taskiq_worker_app
+
+    return load
+
+
+@pytest.fixture
+def start(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def launch(**env: str) -> WorkerProcess:
+        worker = WorkerProcess(redis_url, key_prefix, tmp_path, **env)
+        started.append(worker)
+        return worker
+
+    yield launch
+    for worker in started:
+        worker.stop()
+    client = redis.Redis.from_url(redis_url)  # the stream broker's claim lock is not prefixed
+    client.delete(f"autoclaim:{key_prefix}-group:{key_prefix}-stream")
+    client.close()
+
+
+async def with_broker(app: ModuleType, body: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    await app.broker.startup()
+    try:
+        return await body()
+    finally:
+        await app.broker.shutdown()
+
+
+@pytest.mark.parametrize("broker", ["list", "stream"])
+@pytest.mark.parametrize("task", ["long_job", "sync_job"])
+def test_kill_9_mid_job_frees_the_key_within_lease_plus_5_seconds(
+    broker: str, task: str, app_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    app = app_env(TD_BROKER=broker)
+    worker = start(TD_BROKER=broker)
+    job_task = getattr(app, task)
+    lease = 2.0
+
+    async def body() -> float:
+        job = await job_task.kiq("k9", 60)
+        pid = int(await asyncio.to_thread(wait_for, lambda: worker.mark("pid:k9"), 30, "start"))
+        again = await job_task.kiq("k9", 60)
+        assert again.deduplicated and again.task_id == job.task_id  # held while it runs
+        os.kill(pid, signal.SIGKILL)  # the worker child dies mid-job
+        killed_at = time.monotonic()
+        while True:
+            fresh = await job_task.kiq("k9", 0)
+            if not fresh.deduplicated:
+                assert fresh.task_id != job.task_id
+                return time.monotonic() - killed_at
+            assert time.monotonic() - killed_at < lease + 5, "the key is still held"
+            await asyncio.sleep(0.05)
+
+    freed_after = run(with_broker(app, body))
+    print(f"key free {freed_after:.2f}s after kill -9")
+    assert freed_after <= lease + 5
+
+
+def test_list_queue_broker_32_concurrent_kiqs_push_one_message(
+    app_env: Any, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    app = app_env(TD_BROKER="list")
+
+    async def body() -> list[Any]:
+        return await asyncio.gather(*(app.long_job.kiq("same", 1) for _ in range(32)))
+
+    handles = run(with_broker(app, body))
+    assert len({h.task_id for h in handles}) == 1
+    assert sum(not h.deduplicated for h in handles) == 1
+    assert redis_client.llen(f"{key_prefix}-q") == 1
+
+
+def test_stream_broker_redelivered_copy_is_skipped_and_acknowledged(
+    app_env: Any, start: Callable[..., WorkerProcess], redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # An unacked message older than 1 s is claimed again by the other worker process while
+    # the first still runs it (6 s): the copy must not run, and must be acknowledged. (The
+    # broker looks for stale messages only after a read that returned something, so the test
+    # keeps sending small jobs until a copy shows up.)
+    env = {"TD_BROKER": "stream", "TD_IDLE_MS": "1000"}
+    app = app_env(**env)
+    first = start(**env)
+    second = start(**env)
+    stream, group = f"{key_prefix}-stream", f"{key_prefix}-group"
+
+    def logs() -> str:
+        return first.log_path.read_text() + second.log_path.read_text()
+
+    async def body() -> Any:
+        job = await app.long_job.kiq("once", 6)
+        poke = 0
+        while "not running sub.long_job" not in logs() and not await job.is_ready():
+            poke += 1
+            await app.long_job.kiq(f"poke-{poke}", 0)
+            await asyncio.sleep(0.3)
+        return await job.wait_result(timeout=60)
+
+    result = run(with_broker(app, body))
+    assert result.return_value == "once"
+    assert "not running sub.long_job" in logs(), "the broker never redelivered the message"
+    assert int(first.mark("runs:once") or 0) == 1
+
+    def all_acked() -> bool:
+        return int(redis_client.xpending(stream, group)["pending"]) == 0
+
+    wait_for(all_acked, 20, "every delivery to be acknowledged")
+    # the copy sent again after the lease finds the job done: dropped, not run
+    wait_for(
+        lambda: "done (holder" in first.log_path.read_text() + second.log_path.read_text(),
+        20,
+        "the copy to come back and be dropped",
+    )
+    wait_for(all_acked, 20, "the copy's delivery to be acknowledged")
+    assert int(first.mark("runs:once") or 0) == 1
+
+
+@pytest.mark.parametrize("retry", ["simple", "smart"])
+@pytest.mark.parametrize("order", ["dedup first", "retry first"])
+def test_a_retrying_task_holds_its_lock_throughout_on_a_real_worker(
+    retry: str, order: str, app_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    env = {"TD_BROKER": "list", "TD_ORDER": order, "TD_RETRY": retry}
+    app = app_env(**env)
+    worker = start(**env)
+
+    async def body() -> Any:
+        job = await app.flaky.kiq("r")
+        while not await job.is_ready():
+            dup = await app.flaky.kiq("r")
+            assert dup.deduplicated and dup.task_id == job.task_id, "the retry lost its lock"
+            await asyncio.sleep(0.05)
+        result = await job.wait_result(timeout=30)
+        fresh = await app.flaky.kiq("r")  # released after the success
+        assert not fresh.deduplicated
+        return result
+
+    result = run(with_broker(app, body))
+    assert result.return_value == "r after 2 retries"
+    assert int(worker.mark("runs:r") or 0) >= 3
+
+
+def test_the_taskiq_example_runs(redis_url: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(HERE.parent / "examples" / "taskiq_app.py")],
+        env={**os.environ, "REDIS_URL": redis_url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "same job: True, deduplicated: True" in done.stdout
+    assert "DuplicateJob" in done.stdout and "synced after 2 retries" in done.stdout
+    assert "new job: True" in done.stdout

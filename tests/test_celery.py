@@ -660,3 +660,82 @@ def test_a_handed_off_lock_published_through_the_push_is_confirmed(
     after = store.run(Inspect(handed.key))
     assert after is not None and after.confirmed and after.ttl_ms > 60_000
     assert redis_client.llen(queue_key) == 1
+
+
+def test_a_lock_asked_for_first_is_given_back_when_celery_fails_before_publishing(
+    app: Celery,
+) -> None:
+    @deduplicate("until_executed", key="nightly-report")
+    @app.task(shared=False)
+    def report(day: str) -> None: ...
+
+    integ = install(app)
+    first = report.delay("mon")  # the key is now seen held in this process
+    key = scheduled_key(app, report, "mon")
+    assert integ.dedup.release(key, first.id)  # as a worker does when the job ends
+    with pytest.raises(TypeError):
+        report.delay()  # asks first (takes the lock), then Celery's argument check fails
+    assert integ.dedup.store.run(Inspect(key)) is None
+    assert not report.delay("tue").deduplicated
+
+
+def test_a_lock_taken_in_a_discarded_publish_batch_keeps_only_its_grace(
+    app: Celery, redis_url: str, key_prefix: str
+) -> None:
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def notify(user: int) -> None: ...
+
+    integ = install(app)
+    key = scheduled_key(app, notify, 1)
+    with pytest.raises(RuntimeError), app.producer_or_acquire() as producer, producer.batch():
+        notify.apply_async((1,), producer=producer)
+        raise RuntimeError("the batch is discarded")
+    integ.dedup.confirmer.flush()
+    info = integ.dedup.store.run(Inspect(key))
+    assert info is not None and not info.confirmed and info.ttl_ms <= 60_000
+    assert queue_length(app, redis_url, key_prefix) == 0
+
+
+def test_the_fused_push_is_not_repeated_by_a_retried_publish(
+    app: Celery, key_prefix: str, redis_client: redis.Redis
+) -> None:
+    """kombu retries a publish whose reply was lost: the same message is not pushed twice."""
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def notify(user: int) -> None: ...
+
+    integ = install(app)
+    step = integ.dedup.plan_enqueue(task_policy(notify, integ.settings), (1,))
+    queue_key = f"{key_prefix}:kombu:{key_prefix}-q"
+    store = integ.dedup.store
+    assert store.acquire_and_push(step.op, queue_key, "{}").acquired  # type: ignore[union-attr]
+    assert store.acquire_and_push(step.op, queue_key, "{}").acquired  # type: ignore[union-attr]
+    assert redis_client.llen(queue_key) == 1
+
+
+@pytest.mark.parametrize("mode", ["raise", "enqueue"])
+def test_a_store_error_in_the_fused_push_follows_on_store_error(
+    redis_url: str, key_prefix: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from taskdedup import RedisStore, StoreUnavailable
+
+    app = make_app(redis_url, key_prefix, taskdedup_on_store_error=mode)
+    assert install(app).fused_publish
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def notify(user: int) -> None: ...
+
+    def down(*_: Any) -> None:
+        raise StoreUnavailable("Redis did not answer: injected")
+
+    monkeypatch.setattr(RedisStore, "acquire_and_push", down)
+    if mode == "raise":
+        with pytest.raises(StoreUnavailable, match="injected"):
+            notify.delay(1)
+        assert queue_length(app, redis_url, key_prefix) == 0
+    else:
+        assert not notify.delay(1).deduplicated
+        assert queue_length(app, redis_url, key_prefix) == 1

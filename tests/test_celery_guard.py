@@ -254,3 +254,51 @@ def test_a_failed_job_and_a_revoked_job_free_their_slots(app: Celery) -> None:
     queued.revoke()
     with start_worker(app, pool="solo", perform_ping_check=False):
         wait_for(lambda: not guard.active("tenant=acme"), 10, "the revoked job's slot")
+
+
+def test_a_call_refused_by_its_dedup_policy_frees_its_idempotency_key(app: Celery) -> None:
+    from taskdedup import DuplicateJob
+
+    @deduplicate("until_executed", keys=["repo"], on_conflict="raise")
+    @app.task(shared=False)
+    def ci(repo: str, sha: str) -> None: ...
+
+    first = ci.apply_async(("org/repo", "aaa"), idempotency_key="ci-aaa")
+    with pytest.raises(DuplicateJob):
+        ci.apply_async(("org/repo", "bbb"), idempotency_key="ci-bbb")
+    install(app).dedup.release(_key(app, ci), first.id)
+    assert ci.apply_async(("org/repo", "bbb"), idempotency_key="ci-bbb").idempotent_hit is False
+
+
+def _key(app: Celery, task: Any) -> str:
+    from taskdedup.celery.tasks import task_policy
+
+    policy = task_policy(task, install(app).settings)
+    assert policy is not None
+    return policy.key_for(("org/repo", "x"), {})
+
+
+def test_a_duplicate_with_a_short_idempotency_ttl_keeps_that_ttl(
+    app: Celery, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    from taskdedup.idempotency import record_key
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def sync(tenant: str) -> None: ...
+
+    sync.delay("acme")
+    dup = sync.apply_async(("acme",), idempotency_key="sync-1", idempotency_ttl=60)
+    assert dup.deduplicated
+    ttl = redis_client.pttl(f"{key_prefix}:{{{record_key('sync-1')}}}:lock")
+    assert 0 < ttl <= 60_000
+
+
+def test_a_bad_idempotency_ttl_is_a_config_error(app: Celery) -> None:
+    from taskdedup import ConfigError
+
+    @app.task(shared=False)
+    def build(sha: str) -> None: ...
+
+    with pytest.raises(ConfigError, match="idempotency_ttl"):
+        build.apply_async(("a",), idempotency_key="k-1", idempotency_ttl=0)

@@ -436,3 +436,13 @@ def test_fifty_concurrent_reservations_get_exactly_the_limit(h: Harness) -> None
     replies = race(50, lambda i: h.store.run(Reserve(scope, f"r{i}", 5, HOUR)))
     assert sum(r.granted for r in replies) == 5
     assert len(h.store.run(ListSlots(scope))) == 5
+
+
+def test_an_expired_slot_is_gone_for_every_operation(h: Harness) -> None:
+    scope = "user-" + new_key()
+    h.store.run(Reserve(scope, "a", 5, 300))
+    h.store.run(Reserve(scope, "b", 5, HOUR))  # keeps the scope alive
+    h.hold_for(0.35)
+    assert not h.store.run(Unreserve(scope, "a"))
+    assert not h.store.run(Consume(scope, "a", "job-a", HOUR))
+    assert {s.member for s in h.store.run(ListSlots(scope))} == {"b", "job-a"}

@@ -168,15 +168,17 @@ class Deduplicator:
             return step.failed(exc)
         return step.done(reply)
 
-    def _note(self, decision: str, outcome: str, level: int, task: str, **fields: Any) -> None:
+    def note(self, decision: str, outcome: str, level: int, task: str, **fields: Any) -> None:
         with self._stats_lock:
             self.stats[f"{decision}.{outcome}"] += 1
         if log.isEnabledFor(level):
             detail = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
             log.log(level, "%s %s %s: %s", decision, outcome, task, detail)
 
-    def _store_down(self, decision: str, task: str, exc: StoreUnavailable, **fields: Any) -> None:
-        self._note(decision, "store_unavailable", logging.WARNING, task, error=exc, **fields)
+    def store_unavailable(
+        self, decision: str, task: str, exc: StoreUnavailable, **fields: Any
+    ) -> None:
+        self.note(decision, "store_unavailable", logging.WARNING, task, error=exc, **fields)
         if self.settings.on_store_error == "raise":
             raise exc
 
@@ -251,10 +253,10 @@ class Deduplicator:
 
         def done(reply: AcquireReply) -> Ticket:
             if reply.acquired:
-                self._note("enqueue", "acquired", logging.DEBUG, task, key=key, job=job_id)
+                self.note("enqueue", "acquired", logging.DEBUG, task, key=key, job=job_id)
                 return Ticket("acquired", job_id, key, reply.fence, confirm=grace < ttl)
             outcome = "would_deduplicate" if dry else "duplicate"
-            self._note("enqueue", outcome, logging.INFO, task, key=key, holder=reply.holder)
+            self.note("enqueue", outcome, logging.INFO, task, key=key, holder=reply.holder)
             if p.on_conflict == "raise" and not dry:
                 raise DuplicateJob(reply.holder, key, task)
             return Ticket(
@@ -267,7 +269,7 @@ class Deduplicator:
             )
 
         def failed(exc: StoreUnavailable) -> Ticket:
-            self._store_down("enqueue", task, exc, key=key, job=job_id)
+            self.store_unavailable("enqueue", task, exc, key=key, job=job_id)
             return Ticket("store_unavailable", job_id, key)
 
         return Step(op, done, failed)
@@ -356,7 +358,7 @@ class Deduplicator:
         def done(reply: ClaimReply) -> Admission:
             level = logging.DEBUG if reply.outcome == "run" else logging.INFO
             outcome = reply.outcome if reply.outcome == "run" or not dry else "would_skip"
-            self._note("claim", outcome, level, task, key=key, job=job_id, holder=reply.holder)
+            self.note("claim", outcome, level, task, key=key, job=job_id, holder=reply.holder)
             lease = Lease(key, job_id, lease_ms) if reply.outcome == "run" else None
             return Admission(
                 reply.outcome,
@@ -371,7 +373,7 @@ class Deduplicator:
             )
 
         def failed(exc: StoreUnavailable) -> Admission:
-            self._store_down("claim", task, exc, key=key, job=job_id)
+            self.store_unavailable("claim", task, exc, key=key, job=job_id)
             return Admission("store_unavailable", job_id, key)
 
         return Step(op, done, failed)
@@ -393,13 +395,13 @@ class Deduplicator:
             with self._stats_lock:
                 self.stats["heartbeat.renewed"] += len(batch) - len(lost)
             for lease in lost:  # the job runs on, but its lock is gone: say so loudly
-                self._note(
+                self.note(
                     "heartbeat", "lost", logging.WARNING, "?", key=lease.key, job=lease.job_id
                 )
             return reply
 
         def failed(exc: StoreUnavailable) -> None:
-            self._note("heartbeat", "store_unavailable", logging.WARNING, "?", error=exc)
+            self.note("heartbeat", "store_unavailable", logging.WARNING, "?", error=exc)
             return None
 
         return Step(Heartbeat(batch), done, failed)
@@ -435,13 +437,13 @@ class Deduplicator:
         op = Retry(key, job_id, ms(tp.policy.ttl_seconds + max(delay, 0.0)), attempt)
 
         def done(kept: bool) -> bool:
-            self._note(
+            self.note(
                 "retry", "kept" if kept else "unlocked", logging.DEBUG, tp.task, key=key, job=job_id
             )
             return kept
 
         def failed(exc: StoreUnavailable) -> bool:
-            self._note("retry", "store_unavailable", logging.WARNING, tp.task, error=exc)
+            self.note("retry", "store_unavailable", logging.WARNING, tp.task, error=exc)
             return False
 
         return Step(op, done, failed)
@@ -480,7 +482,7 @@ class Deduplicator:
             if reply.stale:
                 outcome = "stale"
             level = logging.DEBUG if reply.released or not holds else logging.INFO
-            self._note(
+            self.note(
                 "finish",
                 outcome,
                 level,
@@ -492,7 +494,7 @@ class Deduplicator:
             return Completion(reply.released, reply.handoff)
 
         def failed(exc: StoreUnavailable) -> Completion:
-            self._note("finish", "store_unavailable", logging.WARNING, tp.task, error=exc)
+            self.note("finish", "store_unavailable", logging.WARNING, tp.task, error=exc)
             return Completion(False)
 
         return Step(op, done, failed)
@@ -506,7 +508,7 @@ class Deduplicator:
 
     def _plan_release(self, key: str, job_id: str, task: str) -> Step[bool]:
         def done(released: bool) -> bool:
-            self._note(
+            self.note(
                 "release",
                 "released" if released else "not_holder",
                 logging.DEBUG,
@@ -517,7 +519,7 @@ class Deduplicator:
             return released
 
         def failed(exc: StoreUnavailable) -> bool:
-            self._note("release", "store_unavailable", logging.WARNING, task, error=exc)
+            self.note("release", "store_unavailable", logging.WARNING, task, error=exc)
             return False
 
         return Step(Release(key, job_id), done, failed)

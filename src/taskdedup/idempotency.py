@@ -17,10 +17,10 @@ import hashlib
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .errors import IdempotencyKeyMismatch, InvalidIdempotencyKey, StoreUnavailable
-from .policy import Policy
+from .policy import Policy, seconds
 from .stores.base import Release, Remember, RememberReply, ms
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ class Recall:
     job_id: str  # ours for a new submission, else the original job's
     key: str  # the idempotency key as the client gave it
     confirm: bool = False  # the record waits for a publish confirmation (G11)
+    ttl_ms: int = 0  # how long the record answers once confirmed
 
     @property
     def is_new(self) -> bool:
@@ -84,20 +85,19 @@ class IdempotencyKeys:
 
         check_key(key)
         settings = self.dedup.settings
-        ttl_ms = ms(settings.idempotency_ttl if ttl is None else ttl)
+        ttl_s = settings.idempotency_ttl if ttl is None else seconds(ttl, name="idempotency_ttl")
+        ttl_ms = ms(cast(float, ttl_s))
         grace_ms = min(ms(settings.grace), ttl_ms)
         op = Remember(record_key(key), job_id, fingerprint, ttl_ms, grace_ms)
 
         def done(reply: RememberReply) -> Recall:
             if reply.new:
-                self.dedup._note("idempotency", "new", logging.DEBUG, task, key=key, job=job_id)
-                return Recall("new", job_id, key, confirm=grace_ms < ttl_ms)
+                self.dedup.note("idempotency", "new", logging.DEBUG, task, key=key, job=job_id)
+                return Recall("new", job_id, key, confirm=grace_ms < ttl_ms, ttl_ms=ttl_ms)
             if reply.fingerprint == fingerprint:
-                self.dedup._note(
-                    "idempotency", "hit", logging.INFO, task, key=key, job=reply.job_id
-                )
+                self.dedup.note("idempotency", "hit", logging.INFO, task, key=key, job=reply.job_id)
                 return Recall("hit", reply.job_id, key)
-            self.dedup._note(
+            self.dedup.note(
                 "idempotency", "mismatch", logging.WARNING, task, key=key, job=reply.job_id
             )
             if settings.idempotency_on_mismatch == "raise":
@@ -105,7 +105,7 @@ class IdempotencyKeys:
             return Recall("mismatch", reply.job_id, key)
 
         def failed(exc: StoreUnavailable) -> Recall:
-            self.dedup._store_down("idempotency", task, exc, key=key, job=job_id)
+            self.dedup.store_unavailable("idempotency", task, exc, key=key, job=job_id)
             return Recall("store_unavailable", job_id, key)
 
         return Step(op, done, failed)
@@ -144,8 +144,7 @@ class IdempotencyKeys:
                 logging.getLogger("taskdedup").warning("could not free idempotency key: %s", exc)
 
     def _repoint_op(self, recall: Recall, holder: str, fingerprint: str) -> Remember:
-        settings = self.dedup.settings
-        ttl = ms(settings.idempotency_ttl)
+        ttl = recall.ttl_ms
         return Remember(record_key(recall.key), holder, fingerprint, ttl, ttl, recall.job_id)
 
     def repoint(self, recall: Recall, holder: str, fingerprint: str) -> None:

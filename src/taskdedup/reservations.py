@@ -20,6 +20,7 @@ The Celery and taskiq adapters reserve under the job's own id, so no consume ste
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -42,6 +43,7 @@ from .stores.base import (
 )
 
 DEFAULT_TTL = 300.0
+log = logging.getLogger("taskdedup")
 
 
 def _ms(value: Seconds, name: str) -> int:
@@ -109,6 +111,16 @@ class ReservePolicy:
         if self.scope not in bound:
             raise ConfigError(f"task {task!r}: pass {self.scope!r} by name to reserve a slot")
         return f"{self.scope}={bound[self.scope]}"
+
+
+def _check_started(held: Lease, answers: tuple[bool, ...]) -> None:
+    if not answers[0]:  # its slot lapsed while it waited longer than the reservation's ttl
+        log.warning(
+            "taskdedup: job %s starts without a slot of scope %s (queued longer than the "
+            "reservation ttl): the scope may run over its cap; raise ttl",
+            held.job_id,
+            held.key,
+        )
 
 
 class Reservation:
@@ -210,12 +222,12 @@ class ReservationGuard:
     def start(self, scope: str, job_id: str, lease: Seconds) -> Lease:
         """The job starts: its slot now lives one lease (renew the returned Lease by heartbeat)."""
         held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
-        self.store.run(Heartbeat((held,)))
+        _check_started(held, self.store.run(Heartbeat((held,))))
         return held
 
     async def astart(self, scope: str, job_id: str, lease: Seconds) -> Lease:
         held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
-        await self.store.arun(Heartbeat((held,)))
+        _check_started(held, await self.store.arun(Heartbeat((held,))))
         return held
 
     def active(self, scope: str) -> list[Slot]:

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 from kombu.utils.uuid import uuid
 
 from ..core import Ticket
-from ..errors import QuotaExceeded, StoreUnavailable
+from ..errors import StoreUnavailable
 from ..idempotency import Recall, fingerprint
 from ..policy import TaskPolicy
 from ..reservations import ReservePolicy
 from .messages import SCOPE_HEADER, add_key, delay_of, dump_call, queue_of
 from .tasks import task_function
+from .worker import release_slot
 
 if TYPE_CHECKING:
     from .publish import Publisher
@@ -43,64 +44,37 @@ def publish_guarded(
     fn = task_function(task) if task is not None else None
     job_id = options.get("task_id") or uuid()
     options["task_id"] = job_id
+    scope = limits.scope_for(name, fn, args, kwargs) if limits is not None else None
     recall: Recall | None = None
     call_print = ""
     if idempotency is not None:
         call_print = fingerprint(name, fn, args, kwargs)
         recall = integ.idempotency.recall(idempotency[0], name, call_print, job_id, idempotency[1])
         if recall.hit:
-            return _answer(publisher, recall.job_id, options, hit=True)
+            return publisher.existing(recall.job_id, options, hit=True)
     ticket: Ticket | None = None
-    if policy is not None:
-        payload = None
-        if policy.policy.on_conflict == "reschedule_once":
-            serializer = options.get("serializer") or task.serializer
-            payload = dump_call(args, kwargs, serializer)
-        queue = queue_of(task, options)
-        ticket = dedup.enqueue(
-            policy,
-            args,
-            kwargs,
-            job_id=job_id,
-            queue=queue,
-            delay=delay_of(options),
-            payload=payload,
-        )
-        publisher.recent.note(ticket)
-        if ticket.deduplicated:
-            if recall is not None:
-                integ.idempotency.repoint(recall, ticket.job_id, call_print)
-            return _answer(publisher, ticket.job_id, options, deduplicated=True)
-        if ticket.key is not None:
-            add_key(ticket.key, options)
-
-    def give_back() -> None:
+    slot = False
+    try:
+        if policy is not None:
+            ticket = _enqueue(publisher, task, policy, args, kwargs, options, job_id)
+            if ticket.deduplicated:
+                if recall is not None:
+                    integ.idempotency.repoint(recall, ticket.job_id, call_print)
+                return publisher.existing(ticket.job_id, options, deduplicated=True)
+            if ticket.key is not None:
+                add_key(ticket.key, options)
+        if limits is not None and scope is not None:
+            slot = _reserve(publisher, limits, scope, name, job_id)
+            if slot:
+                options["headers"] = {**(options.get("headers") or {}), SCOPE_HEADER: scope}
+        result = publisher.original(name, args, kwargs, **options)
+    except BaseException:  # refused, store down, publish failed: give back what was taken
         if ticket is not None:
             dedup.publish_failed(ticket)
         if recall is not None:
             integ.idempotency.publish_failed(recall)
-
-    if limits is not None:
-        scope = limits.scope_for(name, fn, args, kwargs)
-        try:
-            integ.reservations.reserve(scope, limits.max_concurrent, limits.ttl, member=job_id)
-        except QuotaExceeded:
-            give_back()
-            raise
-        except StoreUnavailable as exc:
-            try:
-                dedup._store_down("reserve", name, exc, scope=scope, job=job_id)
-            except StoreUnavailable:
-                give_back()
-                raise
-        else:
-            options["headers"] = {**(options.get("headers") or {}), SCOPE_HEADER: scope}
-    try:
-        result = publisher.original(name, args, kwargs, **options)
-    except BaseException:
-        give_back()
-        if limits is not None and SCOPE_HEADER in (options.get("headers") or {}):
-            integ.reservations.release(options["headers"][SCOPE_HEADER], job_id)
+        if slot and scope is not None:
+            release_slot(integ, scope, job_id)
         raise
     if ticket is not None:
         dedup.published(ticket)
@@ -111,17 +85,41 @@ def publish_guarded(
     return result
 
 
-def _answer(
+def _enqueue(
     publisher: Publisher,
-    job_id: str,
+    task: Any,
+    policy: TaskPolicy,
+    args: Any,
+    kwargs: Any,
     options: dict[str, Any],
-    *,
-    hit: bool = False,
-    deduplicated: bool = False,
-) -> Any:
-    """A handle to an existing job: the original (an idempotent hit) or the holder."""
-    result_cls = options.get("result_cls") or publisher.integration.app.AsyncResult
-    result = result_cls(job_id)
-    result.deduplicated = deduplicated
-    result.idempotent_hit = hit
-    return result
+    job_id: str,
+) -> Ticket:
+    payload = None
+    if policy.policy.on_conflict == "reschedule_once":
+        payload = dump_call(args, kwargs, options.get("serializer") or task.serializer)
+    ticket = publisher.integration.dedup.enqueue(
+        policy,
+        args,
+        kwargs,
+        job_id=job_id,
+        queue=queue_of(task, options),
+        delay=delay_of(options),
+        payload=payload,
+    )
+    publisher.recent.note(ticket)
+    return ticket
+
+
+def _reserve(
+    publisher: Publisher, limits: ReservePolicy, scope: str, task: str, job_id: str
+) -> bool:
+    """A slot for the job, QuotaExceeded, or (store down) by on_store_error."""
+    integ = publisher.integration
+    try:
+        integ.reservations.reserve(scope, limits.max_concurrent, limits.ttl, member=job_id)
+    except StoreUnavailable as exc:
+        integ.dedup.store_unavailable(
+            "reserve", task, exc, scope=scope, job=job_id
+        )  # raises or logs
+        return False
+    return True

@@ -24,7 +24,7 @@ from ..stores.base import Acquire
 from ..stores.redis import RedisStore
 from .guarded import publish_guarded
 from .messages import KEY_HEADER, SCOPE_HEADER, add_key, delay_of, dump_call, queue_of
-from .redis_push import PENDING, NotPublished, PendingEnqueue
+from .redis_push import PENDING, NotPublished, PendingEnqueue, StoreDown
 from .tasks import task_limits, task_policy
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ class Publisher:
         queue = queue_of(task, options)
         decided = DECIDED.get()
         if decided is not None and decided.job_id == options.get("task_id"):
+            DECIDED.set(None)  # taken over: _publish releases it if the publish fails
             return self._publish(decided, name, args, kwargs, options)
         job_id = options.get("task_id") or uuid()
         payload = None
@@ -137,14 +138,16 @@ class Publisher:
             if task_id is None and not options:  # .delay(...), .apply_async(args, kwargs)
                 ticket = self._ask_first(task, args, kwargs)
                 if ticket is not None and ticket.deduplicated:
-                    result = task.AsyncResult(ticket.job_id)
-                    result.deduplicated = True
-                    return result
+                    return self.existing(
+                        ticket.job_id, {"result_cls": task.AsyncResult}, deduplicated=True
+                    )
                 if ticket is not None:
                     token = DECIDED.set(ticket)
                     try:
                         return original(args, kwargs, task_id=ticket.job_id)
                     finally:
+                        if DECIDED.get() is ticket:  # Celery failed before it published
+                            self.integration.dedup.publish_failed(ticket)
                         DECIDED.reset(token)
             return original(args, kwargs, task_id=task_id, **options)
 
@@ -207,6 +210,8 @@ class Publisher:
             ticket = step.done(pending.reply)  # a duplicate; raises DuplicateJob if asked to
             self.recent.note(ticket)
             return self._holder(ticket, options)
+        except StoreDown as down:  # on_store_error="raise", kept from kombu's retries
+            raise down.error from None
         except BaseException:
             if pending.reply is not None and not pending.fused:
                 dedup.publish_failed(step.done(pending.reply))  # G5
@@ -217,8 +222,8 @@ class Publisher:
             ticket = pending.ticket
         elif pending.reply is not None:
             ticket = step.done(pending.reply)
-            if not pending.fused:
-                dedup.published(ticket)
+            if not pending.fused and not pending.batched:  # a batch may still be discarded:
+                dedup.published(ticket)  # its locks keep their grace, never a stuck ttl
         else:  # the message left by a way that was not hooked: take its lock now
             ticket = dedup.run(step)
             dedup.published(ticket)
@@ -234,9 +239,21 @@ class Publisher:
         return not self.recent.seen(cast(Acquire, step.op).key)
 
     def _holder(self, ticket: Ticket, options: dict[str, Any]) -> Any:
+        return self.existing(ticket.job_id, options, deduplicated=True)
+
+    def existing(
+        self,
+        job_id: str,
+        options: dict[str, Any],
+        *,
+        deduplicated: bool = False,
+        hit: bool = False,
+    ) -> Any:
+        """A handle to a job already sent: the holder of the key, or an idempotent original."""
         result_cls = options.get("result_cls") or self.integration.app.AsyncResult
-        result = result_cls(ticket.job_id)
-        result.deduplicated = True
+        result = result_cls(job_id)
+        result.deduplicated = deduplicated
+        result.idempotent_hit = hit
         return result
 
     def _forget_subscription(self, job_id: str, options: dict[str, Any]) -> None:

@@ -34,6 +34,15 @@ class NotPublished(Exception):
     """Raised out of the broker's publish when the key was already held: nothing was sent."""
 
 
+class StoreDown(Exception):
+    """Carries StoreUnavailable (on_store_error="raise") out of kombu's publish: as an OSError
+    it would be retried by kombu and come out as OperationalError."""
+
+    def __init__(self, error: StoreUnavailable) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclasses.dataclass(slots=True)
 class PendingEnqueue:
     """An enqueue whose lock is taken where its message is pushed."""
@@ -44,6 +53,7 @@ class PendingEnqueue:
     reply: AcquireReply | None = None
     ticket: Ticket | None = None  # set when the store was down (decided by on_store_error)
     fused: bool = False  # lock and message went out in one script
+    batched: bool = False  # the message sits in a kombu publish batch that may be discarded
 
     @property
     def op(self) -> Acquire:
@@ -56,7 +66,7 @@ PENDING: contextvars.ContextVar[PendingEnqueue | None] = contextvars.ContextVar(
     "taskdedup_pending_enqueue", default=None
 )
 
-_shares: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_shares: weakref.WeakKeyDictionary[Any, dict[int, bool]] = weakref.WeakKeyDictionary()
 _hooked = threading.Lock()
 
 
@@ -73,10 +83,19 @@ def _pending_for(message: Any) -> PendingEnqueue | None:
 
 
 def _shares_server(channel: Any, store: RedisStore) -> bool:
-    shares = _shares.get(channel)
+    answers = _shares.setdefault(channel, {})
+    shares = answers.get(id(store))
     if shares is None:
-        shares = _shares[channel] = store.shares_server(channel.pool.connection_kwargs)
+        shares = answers[id(store)] = store.shares_server(channel.pool.connection_kwargs)
     return shares
+
+
+def store_unavailable(pending: PendingEnqueue, exc: StoreUnavailable) -> None:
+    """Decide by on_store_error: publish without dedup, or raise (past kombu's retries)."""
+    try:
+        pending.ticket = pending.step.failed(exc)
+    except StoreUnavailable as error:
+        raise StoreDown(error) from exc
 
 
 def _decide_first(pending: PendingEnqueue) -> None:
@@ -84,7 +103,7 @@ def _decide_first(pending: PendingEnqueue) -> None:
     try:
         pending.reply = pending.store.run(pending.op)
     except StoreUnavailable as exc:
-        pending.ticket = pending.step.failed(exc)  # raises when on_store_error="raise"
+        store_unavailable(pending, exc)
         return
     if not pending.reply.acquired:
         raise NotPublished(pending.job_id)
@@ -104,6 +123,7 @@ def install_hooks() -> None:
                 return put(self, queue, message, **kwargs)
             expiring = self._expires and queue in self._expires
             if "_publish_batch" in kwargs or expiring or not _shares_server(self, pending.store):
+                pending.batched = kwargs.get("_publish_batch") is not None
                 _decide_first(pending)
                 return put(self, queue, message, **kwargs)
             priority = self._get_message_priority(message, reverse=False)
@@ -112,7 +132,7 @@ def install_hooks() -> None:
                 message_text = dumps(message)  # type: ignore[no-untyped-call]
                 reply = pending.store.acquire_and_push(pending.op, name, message_text)
             except StoreUnavailable as exc:
-                pending.ticket = pending.step.failed(exc)
+                store_unavailable(pending, exc)
                 return put(self, queue, message, **kwargs)  # publish without dedup
             pending.reply, pending.fused = reply, True
             if not reply.acquired:
@@ -122,6 +142,7 @@ def install_hooks() -> None:
         def _put_fanout(self: Any, exchange: str, message: Any, routing_key: str, **kw: Any) -> Any:
             pending = _pending_for(message)
             if pending is not None:
+                pending.batched = kw.get("_publish_batch") is not None
                 _decide_first(pending)
             return put_fanout(self, exchange, message, routing_key, **kw)
 

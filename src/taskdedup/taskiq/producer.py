@@ -139,6 +139,7 @@ class Producer:
             return message
         decided = _DECIDED.get()
         if decided is not None and decided.job_id == message.task_id:
+            _DECIDED.set(None)  # taken over: the kick releases it if it fails
             if decided.key is not None:
                 set_label(message, KEY_LABEL, decided.key, parsed=False)
             _DECISION.set(Decision(message, message.task_id, message.task_id, ticket=decided))
@@ -361,6 +362,9 @@ class DedupKicker(AsyncKicker[P, R]):
                     return early
                 return mark(await super().kiq(*args, **kwargs))
             finally:
+                unused = _DECIDED.get()
+                if unused is not None:  # taken by ask_first, never reached the kick
+                    await producer.mw.dedup.apublish_failed(unused)
                 _DECIDED.reset(token)
         return mark(await super().kiq(*args, **kwargs))
 

@@ -13,8 +13,12 @@ local payload = ARGV[5]
 if n < 5 then payload = nil end
 local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'c', 'e')
 if lock[1] == ARGV[1] then
-  if KEYS[3] then
+  -- The holder publishing again: a hand-off's first publish, or a deferred copy of a running
+  -- job, is pushed; the same queued publish repeated (a retried call whose reply was lost) is
+  -- not, as its message is already in the list ('m').
+  if KEYS[3] and not (lock[4] == 'q' and redis.call('HGET', KEYS[1], 'm') == '1') then
     redis.call('LPUSH', KEYS[3], message)
+    redis.call('HSET', KEYS[1], 'm', '1')
     if lock[4] == 'q' and lock[5] == '0' then  -- a hand-off being published: now confirmed
       local left = tonumber(lock[6]) - now_ms()
       if left > 0 then
@@ -40,5 +44,6 @@ local confirmed = '0'
 if grace >= ttl or KEYS[3] then confirmed = '1'; grace = ttl end
 redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0',
   'e', int(now_ms() + ttl), 'c', confirmed)
+if KEYS[3] then redis.call('HSET', KEYS[1], 'm', '1') end
 redis.call('PEXPIRE', KEYS[1], grace)
 return '1 ' .. fence .. ' 0 ' .. ARGV[1]

@@ -6,14 +6,14 @@ import platform
 import sys
 import time
 
-from benchmarks import celery_publish, core_latency
+from benchmarks import celery_publish, core_latency, taskiq_kiq
 from benchmarks.common import redis_url, table, update_readme
 
 
 def main() -> int:
     started = time.strftime("%Y-%m-%d")
     with redis_url() as url:
-        rows = core_latency.run(url) + celery_publish.run(url)
+        rows = core_latency.run(url) + celery_publish.run(url) + taskiq_kiq.run(url)
     text = table(rows)
     note = (
         f"\n\nMeasured {started} by `make bench` on {platform.machine()} "

@@ -105,7 +105,7 @@ async def _run(url: str, n: int, rounds: int, prefixes: dict[str, str]) -> list[
             await broker.shutdown()
 
 
-def run(url: str, n: int = 2000, rounds: int = 4) -> list[Row]:
+def run(url: str, n: int = 4000, rounds: int = 20) -> list[Row]:
     """Interleave the libraries over ``rounds`` so machine noise falls on all of them alike."""
     logging.getLogger("taskiq_deduplication").setLevel(logging.ERROR)  # a warning per duplicate
     client = redis.Redis.from_url(url)

@@ -1,13 +1,16 @@
 """Every Python snippet in README.md runs as written, in order, like one session.
 
-The Celery snippet's broker is swapped for Celery's in-process ``memory://`` transport (and the
-store for ``memory://``), so the test needs no server and touches nothing shared.
+The Celery snippet's broker is swapped for Celery's in-process ``memory://`` transport, the
+taskiq snippet's for taskiq's ``InMemoryBroker`` (and the store for ``memory://``), so the test
+needs no server and touches nothing shared.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +26,13 @@ def test_readme_snippets_run_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith("TASKDEDUP_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("TASKDEDUP_URL", "memory://")
-    namespace: dict[str, Any] = {"__name__": "readme"}
+    module = types.ModuleType("readme")  # taskiq looks task functions' modules up
+    monkeypatch.setitem(sys.modules, "readme", module)
+    namespace: dict[str, Any] = module.__dict__
     for index, snippet in enumerate(SNIPPETS):
         code = snippet.replace('broker="redis://127.0.0.1:6379/0"', 'broker="memory://"')
+        code = code.replace('ListQueueBroker("redis://127.0.0.1:6379/0")', "InMemoryBroker()")
+        code = code.replace("from taskiq_redis import ListQueueBroker", "from taskiq import InMemoryBroker")
         try:
             exec(compile(code, f"README.md snippet {index}", "exec"), namespace)
         except Exception as exc:

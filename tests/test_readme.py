@@ -32,7 +32,9 @@ def test_readme_snippets_run_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     for index, snippet in enumerate(SNIPPETS):
         code = snippet.replace('broker="redis://127.0.0.1:6379/0"', 'broker="memory://"')
         code = code.replace('ListQueueBroker("redis://127.0.0.1:6379/0")', "InMemoryBroker()")
-        code = code.replace("from taskiq_redis import ListQueueBroker", "from taskiq import InMemoryBroker")
+        code = code.replace(
+            "from taskiq_redis import ListQueueBroker", "from taskiq import InMemoryBroker"
+        )
         try:
             exec(compile(code, f"README.md snippet {index}", "exec"), namespace)
         except Exception as exc:

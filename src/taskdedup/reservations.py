@@ -71,6 +71,10 @@ class ReservePolicy:
             raise ConfigError(f"scope must be an argument name or a callable, not {self.scope!r}")
         object.__setattr__(self, "ttl", seconds(self.ttl, name="ttl"))
 
+    @property
+    def ttl_seconds(self) -> float:
+        return cast(float, self.ttl)
+
     @classmethod
     def from_options(cls, options: ReservePolicy | Mapping[str, Any]) -> ReservePolicy:
         if isinstance(options, ReservePolicy):

@@ -115,7 +115,7 @@ class Publisher:
             add_key(key, options)
         scope = headers.get(SCOPE_HEADER)
         if limits is not None and scope:  # held again until the retry starts
-            ttl = float(cast(float, limits.ttl)) + delay
+            ttl = limits.ttl_seconds + delay
             with contextlib.suppress(QuotaExceeded, StoreUnavailable):
                 self.integration.reservations.reserve(
                     scope, limits.max_concurrent, ttl, member=job_id

@@ -10,6 +10,7 @@ the store and the Deduplicator they share.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -19,6 +20,8 @@ from taskiq.result import TaskiqResult
 
 from ..core import Deduplicator
 from ..errors import ConfigError
+from ..idempotency import IdempotencyKeys
+from ..reservations import ReservationGuard
 from ..settings import Settings
 from ..stores import MemoryStore, RedisStore, Store
 from .options import Policies
@@ -54,6 +57,14 @@ class DedupMiddleware(TaskiqMiddleware):
     def set_broker(self, broker: AsyncBroker) -> None:
         super().set_broker(broker)
         self.producer.install(broker)
+
+    @functools.cached_property
+    def idempotency(self) -> IdempotencyKeys:
+        return IdempotencyKeys(self.dedup)
+
+    @functools.cached_property
+    def reservations(self) -> ReservationGuard:
+        return ReservationGuard(self.dedup.store)
 
     @property
     def dedup(self) -> Deduplicator:

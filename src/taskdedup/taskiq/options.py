@@ -22,6 +22,8 @@ from taskiq_dependencies.dependency import Dependency
 
 from ..errors import ConfigError
 from ..policy import STRATEGIES, OnConflict, Policy, Seconds, Strategy, TaskPolicy
+from ..reservations import DEFAULT_TTL as DEFAULT_RESERVE_TTL
+from ..reservations import ReservePolicy
 from ..settings import Settings
 
 T = TypeVar("T")
@@ -33,10 +35,18 @@ OPTION_PREFIX = "deduplicate_"
 #: Set by taskdedup on the messages it sends and runs: the dedup key and the fencing token.
 KEY_LABEL = "taskdedup_key"
 FENCE_LABEL = "taskdedup_fence"
+#: Per call: ``.kicker().with_labels(idempotency_key="ci-build-1", idempotency_ttl=3600)``.
+IDEMPOTENCY_KEY_LABEL = "idempotency_key"
+IDEMPOTENCY_TTL_LABEL = "idempotency_ttl"
+#: The reservation cap (``@broker.task(reserve={...})`` or ``@reserve(...)``), and the scope
+#: whose slot a sent job holds (set by taskdedup).
+RESERVE_LABEL = "reserve"
+SCOPE_LABEL = "taskdedup_scope"
 #: taskiq's retry middlewares count attempts in this label.
 RETRIES_LABEL = "_retries"
 #: Where ``@deduplicate`` keeps the declaration of a function not yet made a task.
 FUNCTION_ATTR = "__taskdedup__"
+RESERVE_ATTR = "__taskdedup_reserve__"
 _BOOLEAN_OPTIONS = ("including_scheduled", "per_queue")
 _DEFAULTS: dict[str, Any] = {}
 
@@ -107,6 +117,46 @@ def deduplicate(
         return target
 
     return apply
+
+
+def reserve(
+    max_concurrent: int, scope: str | Callable[..., Any], ttl: Seconds = DEFAULT_RESERVE_TTL
+) -> Callable[[T], T]:
+    """Cap a taskiq task at ``max_concurrent`` jobs in flight per scope; stack it on
+    ``@broker.task`` (either side). Over the cap ``kiq()`` raises QuotaExceeded and sends
+    nothing. ``scope``: an argument name or a callable of the arguments by name; ``ttl``:
+    seconds a slot lives from reservation until the job starts."""
+    options = {"max_concurrent": max_concurrent, "scope": scope, "ttl": ttl}
+    ReservePolicy.from_options(options)  # validate now
+
+    def apply(target: T) -> T:
+        if isinstance(target, AsyncTaskiqDecoratedTask):
+            target.labels[RESERVE_LABEL] = options
+            task_limits(target)
+        else:
+            setattr(target, RESERVE_ATTR, options)
+        return target
+
+    return apply
+
+
+def task_limits(task: AsyncTaskiqDecoratedTask[Any, Any]) -> ReservePolicy | None:
+    """The task's reservation cap, or None (a bad one is a ConfigError naming the task)."""
+    options = task.labels.get(RESERVE_LABEL)
+    if options is None:
+        options = getattr(task_function(task), RESERVE_ATTR, None)
+    if options is None or options is False:
+        return None
+    cached = getattr(task, "_taskdedup_limits", None)
+    if cached is not None and cached[0] is options:
+        return cast(ReservePolicy, cached[1])
+    try:
+        limits = ReservePolicy.from_options(options)
+        limits.check(task.task_name, call_shape(task_function(task)))
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"task {task.task_name!r}: reserve: {exc}") from None
+    task._taskdedup_limits = (options, limits)  # type: ignore[attr-defined]
+    return limits
 
 
 def task_function(task: AsyncTaskiqDecoratedTask[Any, Any]) -> Callable[..., Any]:

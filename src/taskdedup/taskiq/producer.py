@@ -15,6 +15,7 @@ taken in ``pre_send`` and confirmed in a batch after the broker's own kick succe
 from __future__ import annotations
 
 import base64
+import contextlib
 import contextvars
 import dataclasses
 import logging
@@ -30,20 +31,27 @@ from taskiq.task import AsyncTaskiqTask
 from taskiq_redis import ListQueueBroker
 
 from ..core import Step, Ticket
-from ..errors import DuplicateJob, StoreUnavailable
+from ..errors import DuplicateJob, QuotaExceeded, StoreUnavailable
+from ..idempotency import Recall
 from ..policy import TaskPolicy
 from ..recent import RecentKeys
+from ..reservations import ReservePolicy
 from ..stores.base import Acquire
 from ..stores.redis import RedisStore
+from .guarded import give_back, guarded_pre_send
 from .options import (
     FENCE_LABEL,
+    IDEMPOTENCY_KEY_LABEL,
     KEY_LABEL,
     LABEL,
     OPTION_PREFIX,
+    RESERVE_LABEL,
     RETRIES_LABEL,
+    SCOPE_LABEL,
     declared,
     label,
     set_label,
+    task_limits,
 )
 
 if TYPE_CHECKING:
@@ -69,6 +77,9 @@ class Decision:
     step: Step[Ticket] | None = None  # fused path: acquire and push in the kick
     queue: str = ""
     kicked: bool = False
+    hit: bool = False  # an idempotency key answered with its original job
+    recall: Recall | None = None  # a new idempotency record: confirm after the kick
+    scope: str | None = None  # the reservation scope whose slot the job holds
 
 
 _DECISION: contextvars.ContextVar[Decision | None] = contextvars.ContextVar(
@@ -128,15 +139,22 @@ class Producer:
         if task is None:
             return message
         policy = self.mw.policies.for_message(task, message)
-        if policy is None:
+        limits = task_limits(task)
+        idempotency_key = label(message, IDEMPOTENCY_KEY_LABEL)
+        if policy is None and limits is None and idempotency_key is None:
             return message
-        if (message.labels_types or {}).get(LABEL) == LabelType.ANY:  # stringified declaration
-            del message.labels[LABEL]
-            del message.labels_types[LABEL]  # type: ignore[union-attr]
+        for name in (LABEL, RESERVE_LABEL):  # a declaration stringified into the message
+            if (message.labels_types or {}).get(name) == LabelType.ANY:
+                del message.labels[name]
+                del message.labels_types[name]  # type: ignore[union-attr]
         retries = int(label(message, RETRIES_LABEL) or 0)
         if retries > 0:
-            await self._retry(policy, message, retries)
+            await self._retry(policy, limits, message, retries)
             return message
+        if idempotency_key is not None or limits is not None:
+            await guarded_pre_send(self, task, policy, limits, message)
+            return message
+        assert policy is not None
         decided = _DECIDED.get()
         if decided is not None and decided.job_id == message.task_id:
             _DECIDED.set(None)  # taken over: the kick releases it if it fails
@@ -199,15 +217,30 @@ class Producer:
             log.info("taskdedup: scheduled %s skipped: job %s holds it", message.task_name, dup)
             return Ticket("duplicate", dup.job_id, dup.key)
 
-    async def _retry(self, policy: TaskPolicy, message: TaskiqMessage, retries: int) -> None:
-        """A retry middleware re-sends the job under its id: it keeps its lock (G6)."""
-        key = label(message, KEY_LABEL) or policy.key_for(
-            message.args, message.kwargs, queue_of(self.mw.broker, message)
-        )
+    async def _retry(
+        self,
+        policy: TaskPolicy | None,
+        limits: ReservePolicy | None,
+        message: TaskiqMessage,
+        retries: int,
+    ) -> None:
+        """A retry middleware re-sends the job under its id: it keeps its lock and slot (G6)."""
         delay = float(label(message, "delay") or 0.0)
         self.mw.worker.retried(message.task_id, retries - 1)
-        await self.mw.dedup.aretry(policy, key, message.task_id, delay=delay, attempt=retries - 1)
-        set_label(message, KEY_LABEL, key, parsed=False)
+        if policy is not None:
+            key = label(message, KEY_LABEL) or policy.key_for(
+                message.args, message.kwargs, queue_of(self.mw.broker, message)
+            )
+            await self.mw.dedup.aretry(
+                policy, key, message.task_id, delay=delay, attempt=retries - 1
+            )
+            set_label(message, KEY_LABEL, key, parsed=False)
+        scope = label(message, SCOPE_LABEL)
+        if limits is not None and scope:  # held again until the retry starts
+            with contextlib.suppress(QuotaExceeded, StoreUnavailable):
+                await self.mw.reservations.areserve(
+                    scope, limits.max_concurrent, limits.ttl_seconds + delay, member=message.task_id
+                )
         for name in (FENCE_LABEL, "taskdedup_attempt"):
             message.labels.pop(name, None)
 
@@ -226,7 +259,7 @@ class Producer:
         if task is None:
             return None
         policy = self.mw.policies.resolve(task, declared(task), ())
-        if policy is None or policy.policy.per_queue:
+        if policy is None or policy.policy.per_queue or task_limits(task) is not None:
             return None
         if policy.policy.on_conflict == "reschedule_once" or (
             LABEL in labels and (labels[LABEL] is not declared(task))
@@ -293,11 +326,12 @@ class Producer:
         try:
             await self.original_kick(message)
         except BaseException:
-            if ticket is not None:  # G5: released before the error reaches the caller
-                await self.mw.dedup.apublish_failed(ticket)
+            await give_back(self, decision)  # G5: before the error reaches the caller
             raise
         if ticket is not None:
             self.mw.dedup.published(ticket)
+        if decision.recall is not None:
+            self.mw.idempotency.published(decision.recall)
 
     async def _acquire_and_push(
         self, decision: Decision, step: Step[Ticket], message: BrokerMessage
@@ -322,7 +356,9 @@ class Producer:
 
 
 #: Labels whose kicks always take the full path (a retry, a schedule, a delay, a queue).
-_ASK_FIRST_SKIPS = frozenset({RETRIES_LABEL, "schedule_id", "delay", "queue_name", KEY_LABEL})
+_ASK_FIRST_SKIPS = frozenset(
+    {RETRIES_LABEL, "schedule_id", "delay", "queue_name", KEY_LABEL, IDEMPOTENCY_KEY_LABEL}
+)
 
 
 def _producer_of(broker: AsyncBroker) -> Producer | None:
@@ -332,16 +368,18 @@ def _producer_of(broker: AsyncBroker) -> Producer | None:
 def mark(handle: Any) -> Any:
     """Set ``.deduplicated`` (and the holder's id) on the handle ``kiq()`` just returned."""
     decision = _DECISION.get()
-    deduplicated = bool(
+    answered = bool(
         decision is not None
         and decision.kicked
         and decision.deduplicated
         and handle.task_id in (decision.sent_id, decision.job_id)
     )
-    if deduplicated:
+    hit = answered and decision is not None and decision.hit
+    if answered:
         assert decision is not None
         handle.task_id = decision.job_id
-    handle.deduplicated = deduplicated
+    handle.deduplicated = answered and not hit
+    handle.idempotent_hit = hit
     return handle
 
 

@@ -31,9 +31,10 @@ from taskiq.result import TaskiqResult
 
 from ..background import AsyncHeartbeat
 from ..core import Admission, Ticket
+from ..errors import StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Handoff
-from .options import FENCE_LABEL, KEY_LABEL, RETRIES_LABEL, label, set_label
+from .options import FENCE_LABEL, KEY_LABEL, RETRIES_LABEL, SCOPE_LABEL, label, set_label
 from .producer import PASS_THROUGH, load_call, queue_of
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ log = logging.getLogger("taskdedup")
 SKIP_KWARG = "__taskdedup_skip__"
 BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
 ATTEMPT_LABEL = "taskdedup_attempt"
-_NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, "schedule_id")
+_NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
 
 class _SyncGuard:
@@ -98,6 +99,7 @@ class Worker:
     def __init__(self, middleware: DedupMiddleware) -> None:
         self.mw = middleware
         self.runs: dict[tuple[str, int], Run] = {}
+        self.slots: dict[tuple[str, int], list[Any]] = {}  # [slot lease, retried]
         self._heartbeat: AsyncHeartbeat | None = None
         self._later: dict[asyncio.Task[None], TaskiqMessage] = {}
 
@@ -112,10 +114,11 @@ class Worker:
         if task is None:
             return message
         policy = self.mw.policies.for_message(task, message)
+        attempt = int(label(message, RETRIES_LABEL) or 0)
         if policy is None:
+            await self._start_slot(message, None, attempt)
             return message
         guard(task)
-        attempt = int(label(message, RETRIES_LABEL) or 0)
         admission = await self.mw.dedup.aclaim(
             policy,
             message.task_id,
@@ -139,7 +142,26 @@ class Worker:
             self.runs[(message.task_id, attempt)] = Run(policy, admission, attempt)
             if admission.lease is not None:
                 self.heartbeat().add(admission.lease)
+        if admission.should_run:
+            await self._start_slot(message, policy, attempt)
         return message
+
+    async def _start_slot(
+        self, message: TaskiqMessage, policy: TaskPolicy | None, attempt: int
+    ) -> None:
+        """The job holds its scope's slot for one lease from now, renewed by the heartbeat."""
+        scope = label(message, SCOPE_LABEL)
+        if not scope:
+            return
+        lease = policy.policy.lease_seconds if policy else self.mw.settings.default_lease
+        set_label(message, ATTEMPT_LABEL, attempt, parsed=True)
+        try:
+            held = await self.mw.reservations.astart(scope, message.task_id, lease)
+        except StoreUnavailable as exc:
+            log.warning("taskdedup: could not renew the slot of %s: %s", message.task_id, exc)
+            return
+        self.slots[(message.task_id, attempt)] = [held, False]
+        self.heartbeat().add(held)
 
     def on_error(self, message: TaskiqMessage, exception: BaseException) -> None:
         if SKIP_KWARG in message.kwargs:
@@ -153,11 +175,15 @@ class Worker:
         run = self.runs.get((job_id, attempt))
         if run is not None:
             run.retried = True
+        slot = self.slots.get((job_id, attempt))
+        if slot is not None:
+            slot[1] = True
 
     async def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
         if message.kwargs.pop(SKIP_KWARG, None) is not None:
             return
         attempt = _attempt(message)
+        await self._end_slot(message, result, attempt)
         run = self.runs.pop((message.task_id, attempt), None)
         if run is None or run.admission.key is None:
             return
@@ -174,6 +200,22 @@ class Worker:
         done = await dedup.afinish(run.policy, key, message.task_id, attempt=attempt)
         if done.handoff is not None:
             await self.hand_off(message, key, done.handoff)
+
+    async def _end_slot(
+        self, message: TaskiqMessage, result: TaskiqResult[Any], attempt: int
+    ) -> None:
+        """Free the job's slot when it ended for good; a retry keeps it (renewed when sent)."""
+        slot = self.slots.pop((message.task_id, attempt), None)
+        if slot is None:
+            return
+        held, retried = slot
+        self.heartbeat().discard(held)
+        if retried or isinstance(result.error, NoResultError):  # a retry was sent or scheduled
+            return
+        try:
+            await self.mw.reservations.arelease(held.key, held.job_id)
+        except StoreUnavailable as exc:  # it lapses after the lease anyway
+            log.warning("taskdedup: could not free the slot of %s: %s", held.job_id, exc)
 
     # ------------------------------------------------------------------ not running
 
@@ -262,19 +304,8 @@ class Worker:
                     "taskdedup: could not send %s[%s] again", message.task_name, message.task_id
                 )
         if self._heartbeat is not None:
-            await _stop(self._heartbeat)
+            await self._heartbeat.stop()
             self._heartbeat = None
-
-
-async def _stop(heartbeat: AsyncHeartbeat) -> None:
-    """``heartbeat.stop()``, cancelling again until it ends: on Python 3.11 ``wait_for``
-    swallows a cancel that lands just after the heartbeat was woken, and one stop() would then
-    wait for good (the core's AsyncHeartbeat loop uses wait_for)."""
-    stops = [asyncio.ensure_future(heartbeat.stop())]
-    while not all(stop.done() for stop in stops):
-        await asyncio.wait(stops, timeout=0.5)
-        if not all(stop.done() for stop in stops):
-            stops.append(asyncio.ensure_future(heartbeat.stop()))
 
 
 def _attempt(message: TaskiqMessage) -> int:

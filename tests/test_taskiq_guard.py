@@ -1,0 +1,210 @@
+"""taskiq: idempotency keys and the reservation guard, on InMemoryBroker and on a real Redis
+(a taskiq-redis ListQueueBroker whose messages are counted in Redis, without a worker)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from taskiq import InMemoryBroker
+from taskiq_redis import ListQueueBroker
+
+from taskdedup import (
+    IdempotencyKeyMismatch,
+    InvalidIdempotencyKey,
+    MemoryStore,
+    QuotaExceeded,
+    ReservationGuard,
+)
+from taskdedup.taskiq import DedupMiddleware, deduplicate, reserve
+from test_taskiq import Deliveries, delivered, run, started, until
+
+
+@pytest.fixture
+def list_broker(redis_url: str, key_prefix: str) -> Iterator[ListQueueBroker]:
+    broker = ListQueueBroker(redis_url, queue_name=f"{key_prefix}-q").with_middlewares(
+        DedupMiddleware(key_prefix=key_prefix)
+    )
+    yield broker
+
+
+def queued(redis_url: str, key_prefix: str) -> int:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return int(client.llen(f"{key_prefix}-q"))
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- idempotency keys
+
+
+def test_a_retried_kick_gets_the_original_job_back() -> None:
+    broker = InMemoryBroker().with_middlewares(DedupMiddleware(MemoryStore()), Deliveries())
+
+    @broker.task
+    async def build(sha: str, target: str = "all") -> str:
+        return f"{sha}:{target}"
+
+    async def body() -> None:
+        kicker = build.kicker().with_labels(idempotency_key="gh-org/repo-4f2a9c1")
+        first = await kicker.kiq("4f2a9c1")
+        again = (
+            await build.kicker()
+            .with_labels(idempotency_key="gh-org/repo-4f2a9c1")
+            .kiq(sha="4f2a9c1")
+        )
+        assert first.idempotent_hit is False and first.deduplicated is False
+        assert again.idempotent_hit is True and again.task_id == first.task_id
+        assert (await first.wait_result(timeout=5)).return_value == "4f2a9c1:all"
+        assert delivered(broker) == [first.task_id]
+
+    run(started(broker, body))
+
+
+def test_the_same_key_with_other_arguments_is_a_mismatch_and_a_bad_key_an_error() -> None:
+    broker = InMemoryBroker().with_middlewares(DedupMiddleware(MemoryStore()), Deliveries())
+
+    @broker.task
+    async def build(sha: str) -> None: ...
+
+    async def body() -> None:
+        first = await build.kicker().with_labels(idempotency_key="build-17").kiq("abc")
+        with pytest.raises(IdempotencyKeyMismatch) as raised:
+            await build.kicker().with_labels(idempotency_key="build-17").kiq("def")
+        assert raised.value.job_id == first.task_id and raised.value.key == "build-17"
+        with pytest.raises(InvalidIdempotencyKey, match="printable ASCII"):
+            await build.kicker().with_labels(idempotency_key="has space").kiq("abc")
+        await first.wait_result(timeout=5)
+        assert delivered(broker) == [first.task_id]
+
+    run(started(broker, body))
+
+
+def test_after_its_ttl_the_same_key_makes_a_new_job(
+    list_broker: ListQueueBroker, redis_url: str, key_prefix: str
+) -> None:
+    @list_broker.task
+    async def build(sha: str) -> None: ...
+
+    async def body() -> None:
+        await list_broker.startup()
+        try:
+            labels = {"idempotency_key": "nightly-1", "idempotency_ttl": 1}
+            first = await build.kicker().with_labels(**labels).kiq("abc")
+            again = await build.kicker().with_labels(**labels).kiq("abc")
+            assert again.idempotent_hit and again.task_id == first.task_id
+
+            async def fresh() -> Any:
+                handle = await build.kicker().with_labels(**labels).kiq("abc")
+                return None if handle.idempotent_hit else handle
+
+            async def poll() -> Any:
+                for _ in range(300):
+                    handle = await fresh()
+                    if handle is not None:
+                        return handle
+                    await asyncio.sleep(0.02)
+                raise AssertionError("the key did not expire within 6 s")
+
+            later = await poll()
+            assert later.task_id != first.task_id
+        finally:
+            await list_broker.shutdown()
+
+    run(body())
+    assert queued(redis_url, key_prefix) == 2
+
+
+def test_32_concurrent_kicks_with_one_key_make_one_job(
+    list_broker: ListQueueBroker, redis_url: str, key_prefix: str
+) -> None:
+    @list_broker.task
+    async def build(sha: str) -> None: ...
+
+    async def body() -> list[Any]:
+        await list_broker.startup()
+        try:
+            kicker = build.kicker().with_labels(idempotency_key="pipeline-9")
+            return await asyncio.gather(*(kicker.kiq("abc") for _ in range(32)))
+        finally:
+            await list_broker.shutdown()
+
+    handles = run(body())
+    assert len({h.task_id for h in handles}) == 1
+    assert sum(h.idempotent_hit for h in handles) == 31
+    assert queued(redis_url, key_prefix) == 1
+
+
+# ---------------------------------------------------------------- reservations
+
+
+def test_a_scope_publishes_at_most_its_cap_and_frees_slots_when_jobs_end() -> None:
+    store = MemoryStore()
+    broker = InMemoryBroker().with_middlewares(DedupMiddleware(store), Deliveries())
+    release = asyncio.Event()
+
+    @reserve(max_concurrent=2, scope="user_id")
+    @broker.task
+    async def export(user_id: int, n: int) -> int:
+        await release.wait()
+        return n
+
+    async def body() -> None:
+        first = await export.kiq(42, 1)
+        await export.kiq(42, 2)
+        with pytest.raises(QuotaExceeded, match="maximum 2 concurrent jobs for scope user_id=42"):
+            await export.kiq(42, 3)
+        await export.kiq(7, 1)  # another scope
+        guard = ReservationGuard(store)
+        assert len(guard.active("user_id=42")) == 2
+        release.set()
+        assert (await first.wait_result(timeout=5)).return_value == 1
+        await until(lambda: not guard.active("user_id=42"), 5, "the slots to be freed")
+        await export.kiq(42, 4)
+
+    run(started(broker, body))
+
+
+def test_a_duplicate_or_a_hit_takes_no_slot_and_a_refusal_gives_back_the_lock() -> None:
+    store = MemoryStore()
+    broker = InMemoryBroker().with_middlewares(DedupMiddleware(store), Deliveries())
+    release = asyncio.Event()
+
+    @deduplicate("until_executed")
+    @reserve(max_concurrent=2, scope=lambda tenant, **_: f"tenant-{tenant}")
+    @broker.task
+    async def sync(tenant: str, part: int) -> None:
+        await release.wait()
+
+    async def body() -> None:
+        first = await sync.kiq("acme", 1)
+        assert (await sync.kiq("acme", 1)).deduplicated
+        await sync.kicker().with_labels(idempotency_key="sync-2").kiq("acme", 2)
+        hit = await sync.kicker().with_labels(idempotency_key="sync-2").kiq("acme", 2)
+        assert hit.idempotent_hit
+        guard = ReservationGuard(store)
+        assert len(guard.active("tenant-acme")) == 2
+        with pytest.raises(QuotaExceeded):
+            await sync.kicker().with_labels(idempotency_key="sync-3").kiq("acme", 3)
+        guard.release("tenant-acme", first.task_id)  # a slot frees up
+        fresh = await sync.kicker().with_labels(idempotency_key="sync-3").kiq("acme", 3)
+        assert not fresh.deduplicated and fresh.idempotent_hit is False  # key and lock were free
+        release.set()
+
+    run(started(broker, body))
+
+
+def test_a_bad_scope_fails_when_the_task_is_defined() -> None:
+    from taskdedup import ConfigError
+
+    broker = InMemoryBroker().with_middlewares(DedupMiddleware(MemoryStore()))
+    with pytest.raises(ConfigError, match="user"):
+
+        @reserve(max_concurrent=2, scope="user")
+        @broker.task(task_name=f"t-{uuid.uuid4().hex}")
+        async def export(user_id: int) -> None: ...

@@ -240,3 +240,24 @@ def test_g2_an_idempotency_key_and_a_reservation_are_one_command_each(
     assert sent_by(lambda: guard.reserve("user-1", 5, member="A")) == (1, 1)
     client.close()
     observer.close()
+
+
+def test_an_async_heartbeat_ends_when_cancelled_as_it_is_woken() -> None:
+    """asyncio.run cancels leftover tasks when it closes. A cancel that lands as the heartbeat
+    is woken (a lease added) must still end it (wait_for on 3.11 could swallow it: a hang)."""
+    import asyncio
+
+    from taskdedup import AsyncHeartbeat, MemoryStore
+
+    async def main() -> bool:
+        beat = AsyncHeartbeat(Deduplicator(MemoryStore()))
+        beat.add(Lease("k", "j", 60_000))
+        await asyncio.sleep(0.01)  # the loop now waits to be woken or for its next beat
+        task = beat._task
+        assert task is not None
+        beat.add(Lease("k2", "j", 60_000))  # wakes it...
+        task.cancel()  # ...in the same turn as the cancel
+        await asyncio.wait({task}, timeout=2)
+        return task.done()
+
+    assert asyncio.run(main()), "the heartbeat swallowed its cancel"

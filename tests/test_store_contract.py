@@ -446,3 +446,18 @@ def test_an_expired_slot_is_gone_for_every_operation(h: Harness) -> None:
     assert not h.store.run(Unreserve(scope, "a"))
     assert not h.store.run(Consume(scope, "a", "job-a", HOUR))
     assert {s.member for s in h.store.run(ListSlots(scope))} == {"b", "job-a"}
+
+
+def test_peek_answers_the_holder_and_counts_a_duplicate_but_takes_a_free_key_never(
+    h: Harness,
+) -> None:
+    from taskdedup.stores.base import Peek
+
+    free, held = new_key(), new_key()
+    assert h.store.run(Peek(free)) is None
+    assert h.store.run(Inspect(free)) is None  # nothing taken
+    first = h.store.run(acquire(held, "A"))
+    seen = h.store.run(Peek(held))
+    assert seen is not None and seen.holder == "A" and seen.fence == first.fence
+    assert seen.duplicates == 1 and not seen.acquired
+    assert h.store.run(Peek(held, record_duplicate=False)).duplicates == 1  # type: ignore[union-attr]

@@ -128,7 +128,7 @@ class AsyncHeartbeat(_Leases):
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
-        """End the task. The flag ends it even when ``wait_for`` swallows the cancel (3.11)."""
+        """End the task (cancelled; the flag also ends a loop that is between awaits)."""
         if self._task is not None:
             self._stopping = True
             if self._wake is not None:
@@ -148,8 +148,12 @@ class AsyncHeartbeat(_Leases):
         loop = asyncio.get_running_loop()
         due = loop.time() + self.interval()
         while not self._stopping:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, due - loop.time()))
+            # asyncio.wait, not wait_for: on 3.11 wait_for can swallow the cancel that ends us
+            waiter = loop.create_task(self._wake.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=max(0.0, due - loop.time()))
+            finally:
+                waiter.cancel()
             if self._stopping:
                 break
             if self._wake.is_set():  # a lease was added: it may be due sooner, not now

@@ -35,6 +35,7 @@ from .stores.base import (
     Lease,
     LockMode,
     Op,
+    Peek,
     Release,
     Retry,
     Store,
@@ -273,6 +274,28 @@ class Deduplicator:
             return Ticket("store_unavailable", job_id, key)
 
         return Step(op, done, failed)
+
+    def plan_held(self, tp: TaskPolicy, key: str) -> Step[Ticket | None] | None:
+        """An adapter's shortcut for a likely duplicate: a Step answering the holder's Ticket
+        when ``key`` is held (counted as a duplicate; DuplicateJob when the policy says so),
+        or None when it is free. None instead of a Step when no shortcut applies (dedup off,
+        dry run, a strategy without an enqueue lock): then enqueue as usual."""
+        p, task = tp.policy, tp.task
+        if not self.active(task) or p.strategy not in ENQUEUE_LOCKING or self.settings.dry_run:
+            return None
+
+        def done(reply: AcquireReply | None) -> Ticket | None:
+            if reply is None:
+                return None
+            self.note("enqueue", "duplicate", logging.INFO, task, key=key, holder=reply.holder)
+            if p.on_conflict == "raise":
+                raise DuplicateJob(reply.holder, key, task)
+            return Ticket("duplicate", reply.holder, key, reply.fence, reply.duplicates)
+
+        def failed(exc: StoreUnavailable) -> Ticket | None:
+            return None  # the usual enqueue meets the outage and follows on_store_error
+
+        return Step(Peek(key), done, failed)
 
     def published(self, ticket: Ticket) -> None:
         """The job of an acquired ticket is in the broker: confirm its lock (batched, G11)."""

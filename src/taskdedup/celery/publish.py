@@ -3,13 +3,14 @@
 ``delay``, ``apply_async``, signatures and canvas members, ETA/countdown, ``send_task`` by name,
 beat and ``Task.retry`` all call ``app.send_task``; so one wrapper sees every publish. A retry
 (``retries > 0``) keeps its lock; anything else asks the Deduplicator first, or, on a Redis
-broker that is also the store, takes the lock where kombu pushes the message (redis_push).
+broker that is also the store, takes the lock where kombu pushes the message (redis_push). A
+deduplicated task's ``apply_async`` is wrapped too, so that a plain call of a key seen held a
+moment ago is answered from the store before Celery builds a message.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 from typing import TYPE_CHECKING, Any, cast
 
@@ -33,10 +34,6 @@ if TYPE_CHECKING:
 #: A message that belongs to a group or chord, or carries what runs after it, is never dropped
 #: at enqueue: the canvas waits for that very id, so a deduplicated member would hang it.
 CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
-#: A lock already taken by a task's apply_async for the publish it is about to make.
-DECIDED: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar(
-    "taskdedup_decided", default=None
-)
 
 
 class Publisher:
@@ -74,10 +71,6 @@ class Publisher:
         dedup = integ.dedup
         delay = delay_of(options)
         queue = queue_of(task, options)
-        decided = DECIDED.get()
-        if decided is not None and decided.job_id == options.get("task_id"):
-            DECIDED.set(None)  # taken over: _publish releases it if the publish fails
-            return self._publish(decided, name, args, kwargs, options)
         job_id = options.get("task_id") or uuid()
         payload = None
         if policy.policy.on_conflict == "reschedule_once":
@@ -137,25 +130,18 @@ class Publisher:
         ) -> Any:
             if task_id is None and not options:  # .delay(...), .apply_async(args, kwargs)
                 ticket = self._ask_first(task, args, kwargs)
-                if ticket is not None and ticket.deduplicated:
+                if ticket is not None:
                     return self.existing(
                         ticket.job_id, {"result_cls": task.AsyncResult}, deduplicated=True
                     )
-                if ticket is not None:
-                    token = DECIDED.set(ticket)
-                    try:
-                        return original(args, kwargs, task_id=ticket.job_id)
-                    finally:
-                        if DECIDED.get() is ticket:  # Celery failed before it published
-                            self.integration.dedup.publish_failed(ticket)
-                        DECIDED.reset(token)
             return original(args, kwargs, task_id=task_id, **options)
 
         task._taskdedup_apply_async = original
         task.apply_async = apply_async
 
     def _ask_first(self, task: Any, args: Any, kwargs: Any) -> Ticket | None:
-        """The store's answer for a call whose key was seen held lately; None otherwise."""
+        """The holder's Ticket when a call whose key was seen held lately finds it still held;
+        None otherwise (the call then takes the full path, which takes the lock)."""
         integ = self.integration
         policy = task_policy(task, integ.settings)
         if policy is None or policy.policy.per_queue or task_limits(task) is not None:
@@ -168,9 +154,10 @@ class Publisher:
             return None  # Celery's own checks, then the full path, report it
         if not self.recent.seen(key) or integ.app.conf.task_always_eager:
             return None
-        plan = integ.dedup.plan_enqueue(policy, args or (), kwargs or {}, key=key)
-        ticket = plan if isinstance(plan, Ticket) else integ.dedup.run(plan)
-        self.recent.note(ticket)
+        step = integ.dedup.plan_held(policy, key)
+        ticket = None if step is None else integ.dedup.run(step)
+        if ticket is not None:
+            self.recent.note(ticket)
         return ticket
 
     def _publish(

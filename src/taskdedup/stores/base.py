@@ -129,6 +129,15 @@ class Acquire(Op[AcquireReply]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Peek(Op["AcquireReply | None"]):
+    """Who holds the enqueue lock, counting the caller as a duplicate; None when it is free
+    (nothing is taken then: the caller acquires as usual)."""
+
+    key: str
+    record_duplicate: bool = True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Claim(Op[ClaimReply]):
     """A worker starts the job: answers run / running elsewhere / done / busy / exhausted."""
 

@@ -32,6 +32,7 @@ from .base import (
     LockInfo,
     LockState,
     Op,
+    Peek,
     R,
     Release,
     Remember,
@@ -61,6 +62,7 @@ class MemoryStore(Store):
         self._mutex = threading.Lock()
         self._handlers: dict[type[Any], Callable[[Any, int], Any]] = {
             Acquire: self._acquire,
+            Peek: self._peek,
             Claim: self._claim,
             Heartbeat: self._heartbeat,
             Retry: self._retry,
@@ -168,6 +170,14 @@ class MemoryStore(Store):
             now + min(op.grace_ms, op.ttl_ms),
         )
         return AcquireReply(True, op.job_id, fence, 0)
+
+    def _peek(self, op: Peek, now: int) -> AcquireReply | None:
+        lock = self._get(self._name(op.key, "lock"), now)
+        if lock is None:
+            return None
+        if op.record_duplicate:
+            lock["d"] += 1
+        return AcquireReply(False, lock["j"], lock["f"], lock["d"])
 
     def _claim(self, op: Claim, now: int) -> ClaimReply:
         job_name = self._name(op.key, "job:" + op.job_id)

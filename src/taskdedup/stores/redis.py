@@ -42,6 +42,7 @@ from .base import (
     LockInfo,
     LockState,
     Op,
+    Peek,
     R,
     Release,
     Remember,
@@ -71,6 +72,7 @@ SCRIPTS = (
     "unreserve",
     "renew_slot",
     "list_slots",
+    "peek",
 )
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
 #: Errors that mean "the store cannot answer now" (G5), as opposed to a bug in a request.
@@ -141,6 +143,7 @@ class RedisStore(Store):
         self._async_client = async_client
         self._builders: dict[type[Any], Callable[[Any], _Call]] = {
             Acquire: self._acquire,
+            Peek: self._peek,
             Claim: self._claim,
             Retry: self._retry,
             Finish: self._finish,
@@ -304,6 +307,11 @@ class RedisStore(Store):
             [op.job_id, op.ttl_ms, op.grace_ms, 1 if op.record_duplicate else 0]
             + ([] if op.payload is None else [op.payload]),
             _parse_acquire,
+        )
+
+    def _peek(self, op: Peek) -> _Call:
+        return _Call(
+            "peek", self._names(op.key, "lock"), [1 if op.record_duplicate else 0], _parse_peek
         )
 
     def _claim(self, op: Claim) -> _Call:
@@ -548,6 +556,13 @@ def _same(a: Any, b: Any, name: str) -> bool:
 def _parse_remember(r: Any) -> RememberReply:
     new, fingerprint, job = _s(r).split(" ", 2)
     return RememberReply(new == "1", job, fingerprint)
+
+
+def _parse_peek(r: Any) -> AcquireReply | None:
+    if r is None:
+        return None
+    fence, dups, holder = _s(r).split(" ", 2)
+    return AcquireReply(False, holder, int(fence), int(dups))
 
 
 def _parse_acquire(r: Any) -> AcquireReply:

@@ -85,10 +85,6 @@ class Decision:
 _DECISION: contextvars.ContextVar[Decision | None] = contextvars.ContextVar(
     "taskdedup_decision", default=None
 )
-#: A lock already taken by a kicker's ask-first for the kick it is about to make.
-_DECIDED: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar(
-    "taskdedup_decided", default=None
-)
 #: Set while taskdedup itself re-sends a message (a deferred copy, a hand-off): no dedup.
 PASS_THROUGH: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "taskdedup_pass_through", default=False
@@ -155,13 +151,6 @@ class Producer:
             await guarded_pre_send(self, task, policy, limits, message)
             return message
         assert policy is not None
-        decided = _DECIDED.get()
-        if decided is not None and decided.job_id == message.task_id:
-            _DECIDED.set(None)  # taken over: the kick releases it if it fails
-            if decided.key is not None:
-                set_label(message, KEY_LABEL, decided.key, parsed=False)
-            _DECISION.set(Decision(message, message.task_id, message.task_id, ticket=decided))
-            return message
         queue = queue_of(broker, message)
         delay = float(label(message, "delay") or 0.0)
         payload = None
@@ -246,8 +235,7 @@ class Producer:
 
     async def ask_first(self, kicker: AsyncKicker[Any, Any], args: Any, kwargs: Any) -> Any:
         """For a plain kick of a key seen held lately, the store's answer before taskiq builds
-        a message: the holder's handle for a duplicate, else None (the kick goes on, under the
-        lock just taken when there is one)."""
+        a message: the holder's handle when it is still held, else None (the kick goes on)."""
         labels = kicker.labels
         if (
             PASS_THROUGH.get()
@@ -272,20 +260,19 @@ class Producer:
         if not self.recent.seen(key):
             return None
         dedup = self.mw.dedup
-        plan = dedup.plan_enqueue(policy, args, kwargs, key=key)
-        ticket = plan if isinstance(plan, Ticket) else await dedup.arun(plan)
+        step = dedup.plan_held(policy, key)
+        ticket = None if step is None else await dedup.arun(step)
+        if ticket is None:
+            return None
         self.recent.note(ticket)
-        if ticket.deduplicated:
-            handle = AsyncTaskiqTask(
-                task_id=ticket.job_id,
-                result_backend=self.mw.broker.result_backend,
-                return_type=kicker.return_type,
-            )
-            handle.deduplicated = True  # type: ignore[attr-defined]
-            return handle
-        kicker.with_task_id(ticket.job_id)
-        _DECIDED.set(ticket)
-        return None
+        handle = AsyncTaskiqTask(
+            task_id=ticket.job_id,
+            result_backend=self.mw.broker.result_backend,
+            return_type=kicker.return_type,
+        )
+        handle.deduplicated = True  # type: ignore[attr-defined]
+        handle.idempotent_hit = False  # type: ignore[attr-defined]
+        return handle
 
     def _fused_queue(self, message: TaskiqMessage, policy: TaskPolicy) -> str | None:
         """The Redis list to push onto in the acquire script, when the fused path applies."""
@@ -393,17 +380,9 @@ class DedupKicker(AsyncKicker[P, R]):
     async def kiq(self, *args: Any, **kwargs: Any) -> Any:
         producer = _producer_of(self.broker)
         if producer is not None:
-            token = _DECIDED.set(None)
-            try:
-                early = await producer.ask_first(self, args, kwargs)
-                if early is not None:
-                    return early
-                return mark(await super().kiq(*args, **kwargs))
-            finally:
-                unused = _DECIDED.get()
-                if unused is not None:  # taken by ask_first, never reached the kick
-                    await producer.mw.dedup.apublish_failed(unused)
-                _DECIDED.reset(token)
+            early = await producer.ask_first(self, args, kwargs)
+            if early is not None:
+                return early
         return mark(await super().kiq(*args, **kwargs))
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from harness import Harness, MemoryHarness, RedisHarness
 from redis_server import (
     PrivateRedis,
     PrivateRedisError,
@@ -103,3 +104,21 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def h(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[Harness]:
+    """A store harness, once on MemoryStore and once on Redis; afterwards every record the
+    test wrote under its prefix must expire (G9)."""
+    harness: Harness
+    if request.param == "memory":
+        harness = MemoryHarness(key_prefix)
+    else:
+        harness = RedisHarness(request.getfixturevalue("redis_url"), key_prefix)
+    yield harness
+    ttls = harness.record_ttls()
+    assert ttls, "the scenario wrote nothing?"
+    forever = [name for name, ttl in ttls.items() if ttl is None]
+    assert not forever, f"G9: records without expiry: {forever}"
+    if isinstance(harness, RedisHarness):
+        harness.close()

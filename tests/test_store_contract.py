@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 
-import pytest
-
-from harness import Harness, MemoryHarness, RedisHarness, race
+from harness import Harness, race
 from taskdedup.idempotency import record_key
 from taskdedup.stores.base import (
     Acquire,
@@ -34,22 +31,6 @@ from taskdedup.stores.base import (
 )
 
 HOUR = 3_600_000
-
-
-@pytest.fixture(params=["memory", "redis"])
-def h(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[Harness]:
-    harness: Harness
-    if request.param == "memory":
-        harness = MemoryHarness(key_prefix)
-    else:
-        harness = RedisHarness(request.getfixturevalue("redis_url"), key_prefix)
-    yield harness
-    ttls = harness.record_ttls()
-    assert ttls, "the scenario wrote nothing?"
-    forever = [name for name, ttl in ttls.items() if ttl is None]
-    assert not forever, f"G9: records without expiry: {forever}"
-    if isinstance(harness, RedisHarness):
-        harness.close()
 
 
 def new_key() -> str:

@@ -164,6 +164,14 @@ class Policy:
         return TaskPolicy(task=task, fn=fn, policy=self)
 
 
+def given_options(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The policy options a decorator was given (``locals()`` at its top; None = left out),
+    validated now, so a bad one fails where the task is defined."""
+    options = {name: value for name, value in parameters.items() if value is not None}
+    Policy.from_options(options)
+    return options
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskPolicy:
     """A Policy tied to one task: computes the dedup key of a call."""

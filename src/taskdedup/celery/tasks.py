@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from ..errors import ConfigError
-from ..policy import OnConflict, Policy, Seconds, Strategy, TaskPolicy
+from ..policy import OnConflict, Seconds, Strategy, TaskPolicy, given_options
 from ..reservations import DEFAULT_TTL, ReservePolicy
 from ..settings import Settings
 
@@ -37,22 +37,7 @@ def deduplicate(
     Options left out take the app's defaults (``taskdedup_default_strategy`` and friends).
     A bad option raises ConfigError here, when the task is defined.
     """
-    options = {
-        name: value
-        for name, value in {
-            "strategy": strategy,
-            "ttl": ttl,
-            "lease": lease,
-            "keys": keys,
-            "key": key,
-            "on_conflict": on_conflict,
-            "including_scheduled": including_scheduled,
-            "per_queue": per_queue,
-            "max_attempts": max_attempts,
-        }.items()
-        if value is not None
-    }
-    Policy.from_options(options)  # validate now
+    options = given_options(locals())
 
     def apply(task: T) -> T:
         task.deduplicate = options  # type: ignore[attr-defined]

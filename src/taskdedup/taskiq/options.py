@@ -21,7 +21,7 @@ from taskiq.message import TaskiqMessage
 from taskiq_dependencies.dependency import Dependency
 
 from ..errors import ConfigError
-from ..policy import STRATEGIES, OnConflict, Policy, Seconds, Strategy, TaskPolicy
+from ..policy import STRATEGIES, OnConflict, Policy, Seconds, Strategy, TaskPolicy, given_options
 from ..reservations import DEFAULT_TTL as DEFAULT_RESERVE_TTL
 from ..reservations import ReservePolicy
 from ..settings import Settings
@@ -89,22 +89,7 @@ def deduplicate(
     Options left out take the middleware's defaults (``default_strategy`` and friends). A bad
     option, or a ``keys=`` name the function does not take, raises ConfigError here.
     """
-    options = {
-        name: value
-        for name, value in {
-            "strategy": strategy,
-            "ttl": ttl,
-            "lease": lease,
-            "keys": keys,
-            "key": key,
-            "on_conflict": on_conflict,
-            "including_scheduled": including_scheduled,
-            "per_queue": per_queue,
-            "max_attempts": max_attempts,
-        }.items()
-        if value is not None
-    }
-    Policy.from_options(options)  # validate now
+    options = given_options(locals())
 
     def apply(target: T) -> T:
         if isinstance(target, AsyncTaskiqDecoratedTask):

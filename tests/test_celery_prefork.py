@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -12,11 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from harness import wait_for
-
-HERE = Path(__file__).resolve().parent
+from worker_process import HERE, WorkerProcess
 
 
 def delete_queue(app: Any, queue: str) -> None:
@@ -24,57 +21,25 @@ def delete_queue(app: Any, queue: str) -> None:
         conn.default_channel.queue_delete(queue)
 
 
-class WorkerProcess:
-    def __init__(self, redis_url: str, prefix: str, logs: Path, **env: str) -> None:
-        self.prefix = prefix
-        self.client = redis.Redis.from_url(redis_url)
-        environ = dict(os.environ, TD_REDIS_URL=redis_url, TD_PREFIX=prefix, **env)
-        environ["PYTHONPATH"] = os.pathsep.join([str(HERE), environ.get("PYTHONPATH", "")])
-        self.log_path = logs / f"worker-{time.monotonic_ns()}.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "celery_worker_app",
-                "worker",
-                "--pool",
-                "prefork",
-                "--concurrency",
-                "2",
-                "--loglevel",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            env=environ,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        wait_for(lambda: self.client.get(f"{prefix}:mark:ready") or self._died(), 60, "worker")
+CELERY_WORKER = [
+    "celery",
+    "-A",
+    "celery_worker_app",
+    "worker",
+    "--pool",
+    "prefork",
+    "--concurrency",
+    "2",
+    "--loglevel",
+    "INFO",
+    "--without-gossip",
+    "--without-mingle",
+    "--without-heartbeat",
+]
 
-    def _died(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"worker exited: see {self.log_path}")
-        return False
 
-    def mark(self, name: str) -> bytes | None:
-        return self.client.get(f"{self.prefix}:mark:{name}")  # type: ignore[return-value]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.client.close()
-        self.log.close()
+def celery_ready(worker: WorkerProcess) -> bool:
+    return worker.mark("ready") is not None
 
 
 @pytest.fixture
@@ -95,7 +60,7 @@ def start(
     started: list[WorkerProcess] = []
 
     def launch(**env: str) -> WorkerProcess:
-        worker = WorkerProcess(redis_url, key_prefix, tmp_path, **env)
+        worker = WorkerProcess(CELERY_WORKER, redis_url, key_prefix, tmp_path, celery_ready, **env)
         started.append(worker)
         return worker
 

@@ -23,8 +23,8 @@ import pytest
 import redis
 
 from harness import wait_for
+from worker_process import HERE, WorkerProcess
 
-HERE = Path(__file__).resolve().parent
 T = TypeVar("T")
 
 
@@ -32,59 +32,21 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
-class WorkerProcess:
-    """``taskiq worker taskiq_worker_app:broker`` with one child process."""
+TASKIQ_WORKER = [
+    "taskiq",
+    "worker",
+    "taskiq_worker_app:broker",
+    "--workers",
+    "1",
+    "--log-level",
+    "INFO",
+    "--shutdown-timeout",
+    "5",
+]
 
-    def __init__(self, redis_url: str, prefix: str, logs: Path, **env: str) -> None:
-        self.prefix = prefix
-        self.client = redis.Redis.from_url(redis_url)
-        environ = dict(os.environ, TD_REDIS_URL=redis_url, TD_PREFIX=prefix, **env)
-        environ["PYTHONPATH"] = os.pathsep.join([str(HERE), environ.get("PYTHONPATH", "")])
-        self.log_path = logs / f"worker-{time.monotonic_ns()}.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "taskiq",
-                "worker",
-                "taskiq_worker_app:broker",
-                "--workers",
-                "1",
-                "--log-level",
-                "INFO",
-                "--shutdown-timeout",
-                "5",
-            ],
-            env=environ,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=HERE,
-        )
-        wait_for(lambda: self.children_ready() or self._died(), 60, "the worker to start")
 
-    def children_ready(self) -> bool:
-        return bool(list(self.client.scan_iter(match=f"{self.prefix}:mark:ready:*")))
-
-    def _died(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"worker exited: {self.log_path.read_text()[-3000:]}")
-        return False
-
-    def mark(self, name: str) -> bytes | None:
-        return self.client.get(f"{self.prefix}:mark:{name}")  # type: ignore[return-value]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.client.close()
-        self.log.close()
+def children_ready(worker: WorkerProcess) -> bool:
+    return bool(list(worker.client.scan_iter(match=f"{worker.prefix}:mark:ready:*")))
 
 
 @pytest.fixture
@@ -112,7 +74,9 @@ def start(
     started: list[WorkerProcess] = []
 
     def launch(**env: str) -> WorkerProcess:
-        worker = WorkerProcess(redis_url, key_prefix, tmp_path, **env)
+        worker = WorkerProcess(
+            TASKIQ_WORKER, redis_url, key_prefix, tmp_path, children_ready, **env
+        )
         started.append(worker)
         return worker
 

@@ -208,3 +208,33 @@ def test_a_bad_scope_fails_when_the_task_is_defined() -> None:
         @reserve(max_concurrent=2, scope="user")
         @broker.task(task_name=f"t-{uuid.uuid4().hex}")
         async def export(user_id: int) -> None: ...
+
+
+def test_a_store_outage_with_on_store_error_raise_reaches_the_caller_as_itself(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from taskdedup import RedisStore, StoreUnavailable
+
+    broker = ListQueueBroker(redis_url, queue_name=f"{key_prefix}-q").with_middlewares(
+        DedupMiddleware(key_prefix=key_prefix, on_store_error="raise")
+    )
+
+    @broker.task(deduplicate="until_executed")
+    async def job(x: int) -> None: ...
+
+    async def down(*_: Any, **__: Any) -> None:
+        raise StoreUnavailable("Redis did not answer: injected")
+
+    monkeypatch.setattr(RedisStore, "arun", down)
+    monkeypatch.setattr(RedisStore, "aacquire_and_push", down)
+
+    async def body() -> None:
+        await broker.startup()
+        try:
+            with pytest.raises(StoreUnavailable, match="injected"):
+                await job.kiq(1)
+        finally:
+            await broker.shutdown()
+
+    run(body())
+    assert queued(redis_url, key_prefix) == 0

@@ -39,8 +39,11 @@ class _Leases:
             self._held[(lease.key, lease.job_id, lease.slot)] = lease
 
     def discard(self, lease: Lease) -> None:
+        """Stop renewing ``lease`` (only that one: a retry of the job may hold an equal one)."""
         with self._mutex:
-            self._held.pop((lease.key, lease.job_id, lease.slot), None)
+            ident = (lease.key, lease.job_id, lease.slot)
+            if self._held.get(ident) is lease:
+                del self._held[ident]
 
     def snapshot(self) -> list[Lease]:
         with self._mutex:

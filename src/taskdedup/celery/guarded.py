@@ -64,7 +64,7 @@ def publish_guarded(
             if ticket.key is not None:
                 add_key(ticket.key, options)
         if limits is not None and scope is not None:
-            slot = _reserve(publisher, limits, scope, name, job_id)
+            slot = _reserve(publisher, limits, scope, name, job_id, delay_of(options))
             if slot:
                 options["headers"] = {**(options.get("headers") or {}), SCOPE_HEADER: scope}
         result = publisher.original(name, args, kwargs, **options)
@@ -111,12 +111,19 @@ def _enqueue(
 
 
 def _reserve(
-    publisher: Publisher, limits: ReservePolicy, scope: str, task: str, job_id: str
+    publisher: Publisher,
+    limits: ReservePolicy,
+    scope: str,
+    task: str,
+    job_id: str,
+    delay: float,
 ) -> bool:
-    """A slot for the job, QuotaExceeded, or (store down) by on_store_error."""
+    """A slot for the job (until it starts: ttl, plus an ETA's delay), QuotaExceeded, or
+    (store down) by on_store_error."""
     integ = publisher.integration
+    ttl = limits.ttl_seconds + delay
     try:
-        integ.reservations.reserve(scope, limits.max_concurrent, limits.ttl, member=job_id)
+        integ.reservations.reserve(scope, limits.max_concurrent, ttl, member=job_id)
     except StoreUnavailable as exc:
         integ.dedup.store_unavailable(
             "reserve", task, exc, scope=scope, job=job_id

@@ -44,14 +44,14 @@ async def guarded_pre_send(
 ) -> None:
     """Decide one send through its idempotency key, dedup policy and reservation cap; the
     decision waits in the producer's context variable for the kick."""
-    from .producer import _DECISION, Decision, dump_call, queue_of
+    from .producer import Decision, dump_call, queue_of, remember
 
     mw = producer.mw
     name, job_id = message.task_name, message.task_id
     fn = call_shape(task_function(task))
     scope = limits.scope_for(name, fn, message.args, message.kwargs) if limits else None
     decision = Decision(message, job_id, job_id)
-    _DECISION.set(decision)
+    remember(decision)
     key = label(message, IDEMPOTENCY_KEY_LABEL)
     call_print = ""
     if key is not None:
@@ -63,6 +63,7 @@ async def guarded_pre_send(
         if recall.hit:
             message.task_id = decision.job_id = recall.job_id
             decision.deduplicated = decision.hit = True
+            remember(decision)
             return
         decision.recall = recall
     try:
@@ -86,13 +87,13 @@ async def guarded_pre_send(
                     decision.recall = None
                 message.task_id = decision.job_id = ticket.job_id
                 decision.deduplicated = True
+                remember(decision)
                 return
             decision.ticket = ticket if ticket.acquired else None
         if limits is not None and scope is not None:
+            ttl = limits.ttl_seconds + float(label(message, "delay") or 0.0)
             try:
-                await mw.reservations.areserve(
-                    scope, limits.max_concurrent, limits.ttl, member=job_id
-                )
+                await mw.reservations.areserve(scope, limits.max_concurrent, ttl, member=job_id)
             except StoreUnavailable as exc:  # "raise" raises here; "enqueue" sends without
                 mw.dedup.store_unavailable("reserve", name, exc, scope=scope, job=job_id)
             else:

@@ -75,16 +75,44 @@ class Decision:
     deduplicated: bool = False
     ticket: Ticket | None = None  # acquired in pre_send: confirm after the kick
     step: Step[Ticket] | None = None  # fused path: acquire and push in the kick
-    queue: str = ""
     kicked: bool = False
     hit: bool = False  # an idempotency key answered with its original job
     recall: Recall | None = None  # a new idempotency record: confirm after the kick
     scope: str | None = None  # the reservation scope whose slot the job holds
 
 
-_DECISION: contextvars.ContextVar[Decision | None] = contextvars.ContextVar(
-    "taskdedup_decision", default=None
+#: The decisions of this context's sends, by task id (the id sent and, once known, the id
+#: the caller gets), so a kiq() nested in another middleware's pre_send keeps its own.
+_DECISIONS: contextvars.ContextVar[dict[str, Decision] | None] = contextvars.ContextVar(
+    "taskdedup_decisions", default=None
 )
+_KEEP = 256  # decisions kept for handles nobody marks (kicks by plain kickers)
+
+
+def remember(decision: Decision) -> None:
+    """File ``decision`` under its ids for the kick (and the kicker's handle) to find."""
+    table = _DECISIONS.get()
+    if table is None:
+        table = {}
+        _DECISIONS.set(table)
+    if len(table) >= _KEEP:
+        for stale in list(table)[: _KEEP // 2]:
+            del table[stale]
+    table[decision.sent_id] = table[decision.job_id] = decision
+
+
+def decision_for(task_id: str) -> Decision | None:
+    table = _DECISIONS.get()
+    return None if table is None else table.get(task_id)
+
+
+def _forget(decision: Decision) -> None:
+    table = _DECISIONS.get()
+    if table is not None:
+        table.pop(decision.sent_id, None)
+        table.pop(decision.job_id, None)
+
+
 #: Set while taskdedup itself re-sends a message (a deferred copy, a hand-off): no dedup.
 PASS_THROUGH: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "taskdedup_pass_through", default=False
@@ -112,7 +140,7 @@ class Producer:
     def __init__(self, middleware: DedupMiddleware) -> None:
         self.mw = middleware
         self.original_kick: Kick | None = None
-        self._fusable: bool | None = None
+        self._fusable_broker: bool | None = None
         self.recent = RecentKeys()  # keys asked about before a message is built
 
     def install(self, broker: AsyncBroker) -> None:
@@ -127,7 +155,6 @@ class Producer:
     # ------------------------------------------------------------------ pre_send
 
     async def pre_send(self, message: TaskiqMessage) -> TaskiqMessage:
-        _DECISION.set(None)
         if PASS_THROUGH.get():
             return message
         broker = self.mw.broker
@@ -157,8 +184,7 @@ class Producer:
         if policy.policy.on_conflict == "reschedule_once":
             payload = dump_call(broker, message.args, message.kwargs)
         decision = Decision(message, message.task_id, message.task_id)
-        fused = self._fused_queue(message, policy)
-        if fused is not None:
+        if self._fusable(policy):
             plan = self.mw.dedup.plan_enqueue(
                 policy, message.args, message.kwargs, message.task_id, queue, delay, payload
             )
@@ -166,8 +192,8 @@ class Producer:
                 return message
             assert isinstance(plan.op, Acquire)
             set_label(message, KEY_LABEL, plan.op.key, parsed=False)
-            decision.step, decision.queue = plan, fused
-            _DECISION.set(decision)
+            decision.step = plan
+            remember(decision)
             return message
         ticket = await self._enqueue(policy, message, queue, delay, payload)
         self.recent.note(ticket)
@@ -178,7 +204,7 @@ class Producer:
             decision.deduplicated = True
         elif ticket.acquired:
             decision.ticket = ticket
-        _DECISION.set(decision)
+        remember(decision)
         return message
 
     async def _enqueue(
@@ -216,6 +242,9 @@ class Producer:
         """A retry middleware re-sends the job under its id: it keeps its lock and slot (G6)."""
         delay = float(label(message, "delay") or 0.0)
         self.mw.worker.retried(message.task_id, retries - 1)
+        # if the retry's send fails, its kick gives back the lock and slot kept for it
+        decision = Decision(message, message.task_id, message.task_id)
+        remember(decision)
         if policy is not None:
             key = label(message, KEY_LABEL) or policy.key_for(
                 message.args, message.kwargs, queue_of(self.mw.broker, message)
@@ -224,12 +253,14 @@ class Producer:
                 policy, key, message.task_id, delay=delay, attempt=retries - 1
             )
             set_label(message, KEY_LABEL, key, parsed=False)
+            decision.ticket = Ticket("acquired", message.task_id, key)
         scope = label(message, SCOPE_LABEL)
         if limits is not None and scope:  # held again until the retry starts
             with contextlib.suppress(QuotaExceeded, StoreUnavailable):
                 await self.mw.reservations.areserve(
                     scope, limits.max_concurrent, limits.ttl_seconds + delay, member=message.task_id
                 )
+                decision.scope = scope
         for name in (FENCE_LABEL, "taskdedup_attempt"):
             message.labels.pop(name, None)
 
@@ -274,34 +305,29 @@ class Producer:
         handle.idempotent_hit = False  # type: ignore[attr-defined]
         return handle
 
-    def _fused_queue(self, message: TaskiqMessage, policy: TaskPolicy) -> str | None:
-        """The Redis list to push onto in the acquire script, when the fused path applies."""
-        if policy.policy.on_conflict == "raise":
-            return None  # DuplicateJob must leave pre_send: the kick's errors become SendTaskError
-        broker = self.mw.broker
-        if self._fusable is None:
-            store = self.mw.dedup.store
-            self._fusable = (
+    def _fusable(self, policy: TaskPolicy) -> bool:
+        """Whether the kick may take the lock in the push: a taskiq-redis ListQueueBroker on
+        the store's own Redis."""
+        if policy.policy.on_conflict == "raise" or self.mw.settings.on_store_error == "raise":
+            return False  # DuplicateJob and StoreUnavailable must leave pre_send as themselves:
+            # taskiq turns an error of the kick into SendTaskError
+        if self._fusable_broker is None:
+            broker, store = self.mw.broker, self.mw.dedup.store
+            self._fusable_broker = (
                 type(broker).kick is ListQueueBroker.kick
                 and isinstance(store, RedisStore)
                 and store.shares_server(broker.connection_pool.connection_kwargs)  # type: ignore[attr-defined]
             )
-        if not self._fusable:
-            return None
-        return message.labels.get("queue_name") or broker.queue_name  # type: ignore[attr-defined, no-any-return]
+        return self._fusable_broker
 
     # ------------------------------------------------------------------ kick
 
     async def kick(self, message: BrokerMessage) -> None:
         """The broker's kick, skipped for a duplicate and fused with the acquire if planned."""
         assert self.original_kick is not None
-        decision = _DECISION.get()
-        if (
-            decision is None
-            or decision.kicked
-            or message.task_id not in (decision.sent_id, decision.job_id)
-        ):
-            await self.original_kick(message)
+        decision = decision_for(message.task_id)
+        if decision is None or decision.kicked:
+            await self._send(message)
             return
         decision.kicked = True
         if decision.deduplicated:
@@ -311,7 +337,7 @@ class Producer:
             return
         ticket = decision.ticket
         try:
-            await self.original_kick(message)
+            await self._send(message)
         except BaseException:
             await give_back(self, decision)  # G5: before the error reaches the caller
             raise
@@ -323,23 +349,33 @@ class Producer:
     async def _acquire_and_push(
         self, decision: Decision, step: Step[Ticket], message: BrokerMessage
     ) -> None:
-        assert self.original_kick is not None
         store = self.mw.dedup.store
-        assert isinstance(store, RedisStore)
+        assert isinstance(store, RedisStore) and isinstance(step.op, Acquire)
+        queue = message.labels.get("queue_name") or self.mw.broker.queue_name  # type: ignore[attr-defined]
         try:
-            assert isinstance(step.op, Acquire)
-            reply = await store.aacquire_and_push(step.op, decision.queue, message.message)
+            reply = await store.aacquire_and_push(step.op, queue, message.message)
         except StoreUnavailable as exc:
-            step.failed(exc)  # logs; raises when on_store_error="raise"
-            await self.original_kick(message)  # else publish without dedup (G5)
+            step.failed(exc)  # logs (on_store_error="raise" never takes this path)
+            await self._send(message)  # publish without dedup (G5)
             return
         ticket = step.done(reply)
         self.recent.note(ticket)
         if ticket.deduplicated:
             decision.deduplicated = True
             decision.job_id = decision.message.task_id = ticket.job_id
+            remember(decision)
         elif not reply.acquired:  # dry run: a duplicate is published all the same
+            await self._send(message)
+
+    async def _send(self, message: BrokerMessage) -> None:
+        """The broker's own kick, outside any pass-through of ours (InMemoryBroker runs the
+        task in a copy of this context)."""
+        assert self.original_kick is not None
+        token = PASS_THROUGH.set(False)
+        try:
             await self.original_kick(message)
+        finally:
+            PASS_THROUGH.reset(token)
 
 
 #: Labels whose kicks always take the full path (a retry, a schedule, a delay, a queue).
@@ -354,13 +390,10 @@ def _producer_of(broker: AsyncBroker) -> Producer | None:
 
 def mark(handle: Any) -> Any:
     """Set ``.deduplicated`` (and the holder's id) on the handle ``kiq()`` just returned."""
-    decision = _DECISION.get()
-    answered = bool(
-        decision is not None
-        and decision.kicked
-        and decision.deduplicated
-        and handle.task_id in (decision.sent_id, decision.job_id)
-    )
+    decision = decision_for(handle.task_id)
+    if decision is not None:
+        _forget(decision)
+    answered = bool(decision is not None and decision.kicked and decision.deduplicated)
     hit = answered and decision is not None and decision.hit
     if answered:
         assert decision is not None

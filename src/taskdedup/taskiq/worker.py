@@ -140,6 +140,7 @@ class Worker:
             # the retry middlewares bump _retries in this very labels dict when they re-send
             set_label(message, ATTEMPT_LABEL, attempt, parsed=True)
             self.runs[(message.task_id, attempt)] = Run(policy, admission, attempt)
+            self._end_with_this_delivery((message.task_id, attempt))
             if admission.lease is not None:
                 self.heartbeat().add(admission.lease)
         if admission.should_run:
@@ -161,7 +162,24 @@ class Worker:
             log.warning("taskdedup: could not renew the slot of %s: %s", message.task_id, exc)
             return
         self.slots[(message.task_id, attempt)] = [held, False]
+        self._end_with_this_delivery((message.task_id, attempt))
         self.heartbeat().add(held)
+
+    def _end_with_this_delivery(self, ident: tuple[str, int]) -> None:
+        """If post_execute never runs for this delivery (another middleware raised first),
+        stop renewing its leases when the receiver's task for it ends: the lock and the slot
+        then lapse within one lease (G4), instead of living as long as the worker."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(lambda _: self._abandon(ident))
+
+    def _abandon(self, ident: tuple[str, int]) -> None:
+        run = self.runs.pop(ident, None)
+        if run is not None and run.admission.lease is not None:
+            self.heartbeat().discard(run.admission.lease)
+        slot = self.slots.pop(ident, None)
+        if slot is not None:
+            self.heartbeat().discard(slot[0])
 
     def on_error(self, message: TaskiqMessage, exception: BaseException) -> None:
         if SKIP_KWARG in message.kwargs:
@@ -244,7 +262,15 @@ class Worker:
     async def _send_later(self, message: TaskiqMessage, delay: float) -> None:
         await asyncio.sleep(delay)
         self._later.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
-        await self.send(message)
+        try:
+            await self.send(message)
+        except Exception:
+            log.exception(
+                "taskdedup: could not send %s[%s] again: the copy is lost (its holder's own "
+                "message is not)",
+                message.task_name,
+                message.task_id,
+            )
 
     async def send(
         self,
@@ -285,9 +311,13 @@ class Worker:
                 kwargs=kwargs,
                 drop_labels=_NOT_HANDED_ON,
             )
-        except BaseException:
+        except Exception:  # the run in hand goes on; the rescheduled one is lost, loudly
             await self.mw.dedup.apublish_failed(ticket)
-            raise
+            log.exception(
+                "taskdedup: could not send the rescheduled run of %s (reschedule_once)",
+                message.task_name,
+            )
+            return
         self.mw.dedup.published(ticket)
 
     async def close(self) -> None:

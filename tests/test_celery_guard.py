@@ -302,3 +302,23 @@ def test_a_bad_idempotency_ttl_is_a_config_error(app: Celery) -> None:
 
     with pytest.raises(ConfigError, match="idempotency_ttl"):
         build.apply_async(("a",), idempotency_key="k-1", idempotency_ttl=0)
+
+
+def test_a_failed_publish_gives_back_the_slot(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kombu import Producer
+    from kombu.exceptions import OperationalError
+
+    @reserve(max_concurrent=1, scope="tenant")
+    @app.task(shared=False)
+    def sync(tenant: str) -> None: ...
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise OperationalError("broker went away")
+
+    guard = ReservationGuard(install(app).dedup.store)
+    monkeypatch.setattr(Producer, "publish", broken)
+    with pytest.raises(OperationalError):
+        sync.delay("acme")
+    assert guard.active("tenant=acme") == []
+    monkeypatch.undo()
+    assert sync.delay("acme") is not None  # the one slot is free

@@ -185,3 +185,54 @@ def test_kicks_from_inside_a_resent_copy_are_deduplicated() -> None:
         await broker.shutdown()
 
     run(body())
+
+
+def test_a_sync_task_cut_by_its_timeout_keeps_its_lock_and_slot_until_its_thread_ends() -> None:
+    import threading
+    import time
+
+    from taskdedup import QuotaExceeded
+    from taskdedup.taskiq import reserve
+
+    broker = InMemoryBroker().with_middlewares(DedupMiddleware(MemoryStore()))
+    running: list[int] = []
+    peak: list[int] = []
+    lock = threading.Lock()
+
+    @reserve(max_concurrent=1, scope="tenant")
+    @broker.task(deduplicate={"strategy": "until_executed", "keys": ["x"]}, timeout=0.3)
+    def job(x: int, tenant: str = "acme") -> int:
+        with lock:
+            running.append(x)
+            peak.append(len(running))
+        time.sleep(1.5)  # runs on in its thread after taskiq stopped waiting at 0.3 s
+        with lock:
+            running.remove(x)
+        return x
+
+    async def body() -> None:
+        await broker.startup()
+        first = await job.kiq(1)
+        await until(lambda: running, 5, "the job to start")
+        await asyncio.sleep(0.6)  # past the timeout: taskiq has given up on it
+        again = await job.kiq(1)
+        assert again.deduplicated and again.task_id == first.task_id
+        with pytest.raises(QuotaExceeded):
+            await job.kiq(2)  # its slot is still held too
+        await until(lambda: not running, 5, "the thread to end")
+
+        async def free() -> bool:
+            try:
+                return not (await job.kiq(1)).deduplicated
+            except QuotaExceeded:
+                return False
+
+        deadline = asyncio.get_running_loop().time() + 5
+        while not await free():
+            assert asyncio.get_running_loop().time() < deadline, "the lock or slot stayed"
+            await asyncio.sleep(0.05)
+        await broker.wait_all()
+        await broker.shutdown()
+
+    run(body())
+    assert max(peak) == 1

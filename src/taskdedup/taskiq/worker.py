@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,18 @@ ATTEMPT_LABEL = "taskdedup_attempt"
 _NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
 
+#: The keyword argument that names a sync delivery, so the worker can tell when its thread
+#: ends (a ``timeout`` label stops waiting for the thread, not the thread itself).
+RUN_KWARG = "__taskdedup_run__"
+_running: set[str] = set()  # sync deliveries whose thread is still in the task function
+_running_mutex = threading.Lock()
+
+
+def _still_running(ident: str) -> bool:
+    with _running_mutex:
+        return ident in _running
+
+
 class _SyncGuard:
     """The guard of a sync task function (a class, so a process pool can pickle it)."""
 
@@ -60,7 +73,16 @@ class _SyncGuard:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.pop(SKIP_KWARG, None) is not None:
             raise NoResultError()
-        return self.fn(*args, **kwargs)
+        ident = kwargs.pop(RUN_KWARG, None)
+        if ident is None:
+            return self.fn(*args, **kwargs)
+        with _running_mutex:
+            _running.add(ident)
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            with _running_mutex:
+                _running.discard(ident)
 
 
 def guard(task: AsyncTaskiqDecoratedTask[Any, Any]) -> None:
@@ -100,6 +122,7 @@ class Worker:
         self.mw = middleware
         self.runs: dict[tuple[str, int], Run] = {}
         self.slots: dict[tuple[str, int], list[Any]] = {}  # [slot lease, retried]
+        self._threads: set[asyncio.Task[None]] = set()  # waiting for a timed-out sync task
         self._heartbeat: AsyncHeartbeat | None = None
         self._later: dict[asyncio.Task[None], TaskiqMessage] = {}
 
@@ -115,10 +138,13 @@ class Worker:
             return message
         policy = self.mw.policies.for_message(task, message)
         attempt = int(label(message, RETRIES_LABEL) or 0)
-        if policy is None:
-            await self._start_slot(message, None, attempt)
+        if policy is None and not label(message, SCOPE_LABEL):
             return message
         guard(task)
+        if policy is None:
+            await self._start_slot(message, None, attempt)
+            _mark_sync_run(task, message, attempt)
+            return message
         admission = await self.mw.dedup.aclaim(
             policy,
             message.task_id,
@@ -145,6 +171,7 @@ class Worker:
                 self.heartbeat().add(admission.lease)
         if admission.should_run:
             await self._start_slot(message, policy, attempt)
+            _mark_sync_run(task, message, attempt)
         return message
 
     async def _start_slot(
@@ -199,10 +226,45 @@ class Worker:
 
     async def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
         if message.kwargs.pop(SKIP_KWARG, None) is not None:
+            message.kwargs.pop(RUN_KWARG, None)
             return
+        message.kwargs.pop(RUN_KWARG, None)
         attempt = _attempt(message)
-        await self._end_slot(message, result, attempt)
         run = self.runs.pop((message.task_id, attempt), None)
+        slot = self.slots.pop((message.task_id, attempt), None)
+        if _still_running(_ident(message.task_id, attempt)):
+            # a sync task cut by taskiq's timeout runs on in its thread: keep its lock and slot
+            # (the heartbeat renews them) until the thread is out of the function
+            later = asyncio.get_running_loop().create_task(
+                self._after_thread(message, result, attempt, run, slot)
+            )
+            self._threads.add(later)
+            later.add_done_callback(self._threads.discard)
+            return
+        await self._end(message, result, attempt, run, slot)
+
+    async def _after_thread(
+        self,
+        message: TaskiqMessage,
+        result: TaskiqResult[Any],
+        attempt: int,
+        run: Run | None,
+        slot: list[Any] | None,
+    ) -> None:
+        while _still_running(_ident(message.task_id, attempt)):
+            await asyncio.sleep(0.05)
+        await self._end(message, result, attempt, run, slot)
+
+    async def _end(
+        self,
+        message: TaskiqMessage,
+        result: TaskiqResult[Any],
+        attempt: int,
+        run: Run | None,
+        slot: list[Any] | None,
+    ) -> None:
+        """The delivery is over: free or keep its slot, finish, keep or hand on its lock."""
+        await self._end_slot(result, slot)
         if run is None or run.admission.key is None:
             return
         if run.admission.lease is not None:
@@ -219,11 +281,8 @@ class Worker:
         if done.handoff is not None:
             await self.hand_off(message, key, done.handoff)
 
-    async def _end_slot(
-        self, message: TaskiqMessage, result: TaskiqResult[Any], attempt: int
-    ) -> None:
+    async def _end_slot(self, result: TaskiqResult[Any], slot: list[Any] | None) -> None:
         """Free the job's slot when it ended for good; a retry keeps it (renewed when sent)."""
-        slot = self.slots.pop((message.task_id, attempt), None)
         if slot is None:
             return
         held, retried = slot
@@ -244,6 +303,7 @@ class Worker:
             delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
             copy = message.model_copy(deep=True)
             copy.kwargs.pop(SKIP_KWARG, None)
+            copy.kwargs.pop(RUN_KWARG, None)
             later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
             self._later[later] = copy
             later.add_done_callback(lambda done: self._later.pop(done, None))
@@ -322,6 +382,8 @@ class Worker:
 
     async def close(self) -> None:
         """Stop beating; send the copies waiting to be sent again now, so none is lost."""
+        for thread in list(self._threads):  # its lock and slot lapse after their lease
+            thread.cancel()
         waiting, self._later = self._later, {}
         for later, message in waiting.items():
             later.cancel()
@@ -336,6 +398,18 @@ class Worker:
         if self._heartbeat is not None:
             await self._heartbeat.stop()
             self._heartbeat = None
+
+
+def _ident(task_id: str, attempt: int) -> str:
+    return f"{task_id}:{attempt}"
+
+
+def _mark_sync_run(
+    task: AsyncTaskiqDecoratedTask[Any, Any], message: TaskiqMessage, attempt: int
+) -> None:
+    """Name a sync delivery to its guard (after the claim: the name is not an argument)."""
+    if isinstance(task.original_func, _SyncGuard):
+        message.kwargs[RUN_KWARG] = _ident(message.task_id, attempt)
 
 
 def _attempt(message: TaskiqMessage) -> int:

@@ -90,32 +90,39 @@ def _check(task: Any) -> None:
 
 def task_policy(task: Any, defaults: Settings) -> TaskPolicy | None:
     """The task's bound policy (cached on the task), or None when it declares none."""
-    options = getattr(task, "deduplicate", None)
-    if options is None or options is False:
-        return None
-    cached = getattr(task, _BOUND, None)
-    if cached is not None and cached[0] is options:
-        return cast(TaskPolicy, cached[1])
-    try:
-        bound: TaskPolicy = defaults.policy(options).bind(task.name, task_function(task))
-    except ConfigError as exc:
-        raise ConfigError(f"task {task.name!r}: {exc}") from None
-    setattr(task, _BOUND, (options, bound))
-    return bound
+
+    def bind(options: Any) -> TaskPolicy:
+        try:
+            return defaults.policy(options).bind(task.name, task_function(task))
+        except ConfigError as exc:
+            raise ConfigError(f"task {task.name!r}: {exc}") from None
+
+    return cast("TaskPolicy | None", _declared(task, "deduplicate", _BOUND, bind))
 
 
 def task_limits(task: Any) -> ReservePolicy | None:
     """The task's reservation cap (cached on the task), or None when it declares none."""
-    options = getattr(task, "reserve", None)
+
+    def build(options: Any) -> ReservePolicy:
+        try:
+            limits = ReservePolicy.from_options(options)
+            limits.check(task.name, task_function(task))
+        except (ConfigError, TypeError) as exc:
+            raise ConfigError(f"task {task.name!r}: reserve: {exc}") from None
+        return limits
+
+    return cast("ReservePolicy | None", _declared(task, "reserve", _LIMITS, build))
+
+
+def _declared(task: Any, name: str, cache: str, build: Callable[[Any], T]) -> T | None:
+    """``build(task.<name>)``, kept on the task under ``cache`` until the declaration changes
+    (a subclass may declare its own); None when the task declares nothing."""
+    options = getattr(task, name, None)
     if options is None or options is False:
         return None
-    cached = getattr(task, _LIMITS, None)
+    cached = getattr(task, cache, None)
     if cached is not None and cached[0] is options:
-        return cast(ReservePolicy, cached[1])
-    try:
-        limits = ReservePolicy.from_options(options)
-        limits.check(task.name, task_function(task))
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"task {task.name!r}: reserve: {exc}") from None
-    setattr(task, _LIMITS, (options, limits))
-    return limits
+        return cast(T, cached[1])
+    built = build(options)
+    setattr(task, cache, (options, built))
+    return built

@@ -1,0 +1,54 @@
+"""A Redis that stops answering (G5): the store gives up after its socket timeout.
+
+The server here is a loopback port that accepts connections and never replies, which is what a
+hung Redis (or a dead peer behind a live network path) looks like to a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from taskdedup import Deduplicator, Policy, RedisStore, Settings, StoreUnavailable
+
+
+def build(commit: str) -> None: ...
+
+
+POLICY = Policy("until_executed").bind("ci.build", build)
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+
+
+@pytest.mark.parametrize("side", ["sync", "asyncio"])
+def test_a_store_that_stops_answering_is_unavailable_after_the_socket_timeout(
+    silent_url: str, side: str
+) -> None:
+    store = RedisStore.from_url(silent_url, socket_timeout=0.3)
+    dedup = Deduplicator(store, Settings(on_store_error="raise"))
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="did not answer"):
+        if side == "sync":
+            dedup.enqueue(POLICY, ("abc",))
+        else:
+            asyncio.run(dedup.aenqueue(POLICY, ("abc",)))
+    waited = time.monotonic() - started
+    # Not a speed claim: without the timeout this call would wait forever.
+    assert waited < 5
+
+
+def test_the_default_is_to_publish_anyway(silent_url: str) -> None:
+    """on_store_error="publish" (the default): the outage is logged and the job goes out."""
+    store = RedisStore.from_url(silent_url, socket_timeout=0.3)
+    ticket = asyncio.run(Deduplicator(store).aenqueue(POLICY, ("abc",)))
+    assert ticket.should_publish and ticket.outcome == "store_unavailable"

@@ -153,6 +153,123 @@ def test_a_failed_publish_frees_the_key(app: Celery, monkeypatch: pytest.MonkeyP
     assert build.apply_async(("abc",), idempotency_key="ci-retry-1").idempotent_hit is False
 
 
+def _count_recalls(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every idempotency lookup the store answers from now on."""
+    from taskdedup.stores.base import Remember
+
+    asked: list[object] = []
+    run = store.run
+
+    def counting(op: Any) -> Any:
+        if isinstance(op, Remember):
+            asked.append(op)
+        return run(op)
+
+    monkeypatch.setattr(store, "run", counting)
+    return asked
+
+
+def _slow_publish(monkeypatch: pytest.MonkeyPatch, *, fail: bool) -> tuple[Any, Any]:
+    """Make the next publish wait until released, then fail or go on; returns (entered,
+    release) events, so a test can act while a submission is being published."""
+    from kombu import Producer
+    from kombu.exceptions import OperationalError
+
+    entered, release = threading.Event(), threading.Event()
+    original = Producer.publish
+    first = [True]
+
+    def publish(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if first[0]:
+            first[0] = False
+            entered.set()
+            assert release.wait(20)
+            if fail:
+                raise OperationalError("broker went away")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Producer, "publish", publish)
+    return entered, release
+
+
+@pytest.mark.parametrize("first_fails", [True, False])
+def test_a_retry_during_the_first_publish_waits_for_its_outcome(
+    app: Celery, redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch, first_fails: bool
+) -> None:
+    """A client that times out and resubmits while its first submission is still being
+    published: if that publish fails, the retry makes the job (it is not told about a job that
+    never existed); if it succeeds, the retry gets it back."""
+    from kombu.exceptions import OperationalError
+
+    @app.task(shared=False)
+    def build(sha: str) -> None: ...
+
+    entered, release = _slow_publish(monkeypatch, fail=first_fails)
+    asked = _count_recalls(install(app).dedup.store, monkeypatch)
+    outcome: dict[str, Any] = {}
+
+    def first_submission() -> None:
+        try:
+            outcome["first"] = build.apply_async(("abc",), idempotency_key="ci-retry-2")
+        except OperationalError as exc:
+            outcome["first"] = exc
+
+    first = threading.Thread(target=first_submission)
+    first.start()
+    assert entered.wait(20)
+    retry = threading.Thread(
+        target=lambda: outcome.update(
+            retry=build.apply_async(("abc",), idempotency_key="ci-retry-2")
+        )
+    )
+    retry.start()
+    wait_for(lambda: len(asked) >= 3, 10, "the retry to ask about the key again")
+    assert "retry" not in outcome  # it waits for the first publish, unanswered
+    release.set()
+    first.join(20)
+    retry.join(20)
+    if first_fails:
+        assert isinstance(outcome["first"], OperationalError)
+        assert outcome["retry"].idempotent_hit is False
+    else:
+        assert outcome["retry"].idempotent_hit is True
+        assert outcome["retry"].id == outcome["first"].id
+    assert queue_length(app, redis_url, key_prefix) == 1
+
+
+def test_a_retry_gives_up_on_a_first_publish_that_never_ends(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from taskdedup import IdempotencyKeyInProgress
+
+    app = make_app(redis_url, key_prefix)
+    app.conf.taskdedup_idempotency_wait = 0.5
+    install(app)
+
+    @app.task(shared=False)
+    def build(sha: str) -> None: ...
+
+    from kombu.exceptions import OperationalError
+
+    entered, release = _slow_publish(monkeypatch, fail=True)
+
+    def first_submission() -> None:
+        with pytest.raises(OperationalError):
+            build.apply_async(("abc",), idempotency_key="k-3")
+
+    first = threading.Thread(target=first_submission)
+    first.start()
+    try:
+        assert entered.wait(20)
+        with pytest.raises(IdempotencyKeyInProgress, match="still being published") as raised:
+            build.apply_async(("abc",), idempotency_key="k-3")
+        assert raised.value.key == "k-3"
+    finally:
+        release.set()
+        first.join(20)
+    assert queue_length(app, redis_url, key_prefix) == 0
+
+
 # ---------------------------------------------------------------- reservations
 
 

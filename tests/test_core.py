@@ -194,3 +194,24 @@ def test_bad_policies_are_refused_when_the_task_is_defined() -> None:
             Policy(**bad).bind("mail.send", send_email)
     with pytest.raises(ConfigError, match=r"'user'.*user_id, template"):
         Policy(keys=["user"]).bind("mail.send", send_email)
+
+
+def test_a_repeat_of_an_idempotency_key_still_being_published_gives_up_after_the_wait() -> None:
+    """The first submission neither published nor failed within ``idempotency_wait``: the
+    repeat is told so (sync and asyncio) instead of getting a job that may never exist."""
+    from taskdedup import IdempotencyKeyInProgress, IdempotencyKeys
+
+    dedup = Deduplicator(MemoryStore(), Settings(idempotency_wait=0.2))
+    keys = IdempotencyKeys(dedup)
+    first = keys.recall("ci-7", "ci.build", "fp", "job-1")
+    assert first.is_new  # and never published nor freed: its producer hangs
+    with pytest.raises(IdempotencyKeyInProgress, match="job-1") as raised:
+        keys.recall("ci-7", "ci.build", "fp", "job-2")
+    assert raised.value.key == "ci-7" and raised.value.job_id == "job-1"
+    with pytest.raises(IdempotencyKeyInProgress):
+        asyncio.run(keys.arecall("ci-7", "ci.build", "fp", "job-3"))
+    keys.published(first)
+    dedup.confirmer.flush()
+    hit = asyncio.run(keys.arecall("ci-7", "ci.build", "fp", "job-4"))
+    assert hit.hit and hit.job_id == "job-1"
+    assert dedup.stats["idempotency.in_progress"] == 2

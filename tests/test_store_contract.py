@@ -360,6 +360,17 @@ def test_an_unconfirmed_idempotency_record_lapses_after_its_grace(h: Harness) ->
     assert h.store.run(Remember(kept, "K2", "fp", HOUR, HOUR)).job_id == "K1"
 
 
+def test_an_unconfirmed_idempotency_record_answers_pending_until_confirmed(h: Harness) -> None:
+    """Its job's publish may still fail, so a repeat must not take it as a hit yet."""
+    k = record_key(new_key())
+    assert h.store.run(Remember(k, "J1", "fp", HOUR, 60_000)).new
+    waiting = h.store.run(Remember(k, "J2", "fp", HOUR, 60_000))
+    assert waiting.pending and not waiting.new and waiting.job_id == "J1"
+    assert h.store.run(Confirm(((k, "J1"),))) == 1
+    settled = h.store.run(Remember(k, "J2", "fp", HOUR, 60_000))
+    assert not settled.pending and not settled.new and settled.job_id == "J1"
+
+
 def test_an_idempotency_record_is_freed_or_handed_on_by_its_job_only(h: Harness) -> None:
     k = record_key(new_key())
     h.store.run(Remember(k, "J1", "fp", HOUR, 60_000))
@@ -369,6 +380,7 @@ def test_an_idempotency_record_is_freed_or_handed_on_by_its_job_only(h: Harness)
     assert moved.new and moved.job_id == "H"
     info = h.store.run(Inspect(k))
     assert info is not None and info.job_id == "H" and info.confirmed
+    assert not h.store.run(Remember(k, "J3", "fp", HOUR, HOUR)).pending  # a handed-on record
     assert h.store.run(Release(k, "H"))
     assert h.store.run(Remember(k, "J2", "fp", HOUR, HOUR)).new
 

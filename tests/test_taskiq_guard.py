@@ -140,6 +140,66 @@ def test_32_concurrent_kicks_with_one_key_make_one_job(
     assert queued(redis_url, key_prefix) == 1
 
 
+@pytest.mark.parametrize("first_fails", [True, False])
+def test_a_retry_during_the_first_kick_waits_for_its_outcome(first_fails: bool) -> None:
+    """A resubmission while the first kick with its key is still being sent: if that kick
+    fails, the retry makes the job (not a handle of a job that never existed); if it goes
+    out, the retry gets it back."""
+    from taskiq.exceptions import SendTaskError
+
+    from taskdedup.stores.base import Remember
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    class SlowBroker(InMemoryBroker):
+        kicks = 0
+
+        async def kick(self, message: Any) -> None:
+            SlowBroker.kicks += 1
+            if SlowBroker.kicks == 1:
+                entered.set()
+                await release.wait()
+                if first_fails:
+                    raise ConnectionError("broker went away")
+            await super().kick(message)
+
+    store = MemoryStore()
+    asked: list[Any] = []
+    arun = store.arun
+
+    async def counting(op: Any) -> Any:
+        if isinstance(op, Remember):
+            asked.append(op)
+        return await arun(op)
+
+    store.arun = counting  # type: ignore[method-assign]
+    broker = SlowBroker().with_middlewares(DedupMiddleware(store), Deliveries())
+
+    @broker.task
+    async def build(sha: str) -> str:
+        return sha
+
+    async def body() -> None:
+        kicker = build.kicker().with_labels(idempotency_key="ci-retry-2")
+        first = asyncio.create_task(kicker.kiq("abc"))
+        await entered.wait()
+        retry = asyncio.create_task(kicker.kiq("abc"))
+        await until(lambda: len(asked) >= 3, what="the retry to ask about the key again")
+        assert not retry.done()  # it waits for the first kick, unanswered
+        release.set()
+        again = await retry
+        if first_fails:
+            with pytest.raises(SendTaskError):
+                await first
+            assert again.idempotent_hit is False
+        else:
+            assert again.idempotent_hit is True and again.task_id == (await first).task_id
+        await again.wait_result(timeout=5)
+        assert delivered(broker) == [again.task_id]
+
+    run(started(broker, body))
+
+
 # ---------------------------------------------------------------- reservations
 
 

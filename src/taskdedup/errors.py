@@ -57,6 +57,22 @@ class IdempotencyKeyMismatch(DedupError):
         )
 
 
+class IdempotencyKeyInProgress(DedupError):
+    """Another submission with this idempotency key is still being published.
+
+    Its job may yet fail to publish (and the key be freed), so answering with its id could
+    hand the caller a job that never exists. Retry the submission in a moment.
+    """
+
+    def __init__(self, key: str, job_id: str, waited: float) -> None:
+        self.key = key
+        self.job_id = job_id
+        super().__init__(
+            f"idempotency key {key!r}: the submission of job {job_id} with this key was still "
+            f"being published after {waited:g} s; retry this submission later"
+        )
+
+
 class InvalidIdempotencyKey(DedupError, ValueError):
     """An idempotency key is not 1 to 256 printable ASCII characters without spaces."""
 

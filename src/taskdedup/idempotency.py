@@ -7,19 +7,28 @@ gets the original job. The same key with another task or other arguments is a *m
 ``IdempotencyKeyMismatch`` (or, with ``idempotency_on_mismatch="return"``, the original job).
 The record is written with the short ``grace`` first and confirmed to its ttl once the job is
 published (G11), so a producer that dies before publishing never pins a key to a job that was
-never sent. Keys are digested: the raw key never becomes a store key name.
+never sent. A repeat that finds the record still unconfirmed waits (``idempotency_wait``) for it
+to be confirmed or freed rather than answer with a job whose publish may yet fail; then
+``IdempotencyKeyInProgress``. Keys are digested: the raw key never becomes a store key name.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from .errors import IdempotencyKeyMismatch, InvalidIdempotencyKey, StoreUnavailable
+from .errors import (
+    IdempotencyKeyInProgress,
+    IdempotencyKeyMismatch,
+    InvalidIdempotencyKey,
+    StoreUnavailable,
+)
 from .policy import Policy, seconds
 from .stores.base import Release, Remember, RememberReply, ms
 
@@ -29,7 +38,9 @@ if TYPE_CHECKING:
 #: 1 to 256 printable ASCII characters, no spaces: CI keys like ``gh-org/repo-<sha>`` pass.
 KEY_PATTERN = re.compile(r"[!-~]{1,256}")
 
-RecallOutcome = Literal["new", "hit", "mismatch", "store_unavailable"]
+RecallOutcome = Literal["new", "hit", "mismatch", "pending", "store_unavailable"]
+#: How often a submission asks again about a record whose publish is not confirmed yet.
+PENDING_POLL = 0.05
 
 
 def check_key(key: object) -> str:
@@ -91,6 +102,8 @@ class IdempotencyKeys:
         op = Remember(record_key(key), job_id, fingerprint, ttl_ms, grace_ms)
 
         def done(reply: RememberReply) -> Recall:
+            if reply.pending:  # its publish may still fail: the caller asks again
+                return Recall("pending", reply.job_id, key)
             if reply.new:
                 self.dedup.note("idempotency", "new", logging.DEBUG, task, key=key, job=job_id)
                 return Recall("new", job_id, key, confirm=grace_ms < ttl_ms, ttl_ms=ttl_ms)
@@ -113,13 +126,33 @@ class IdempotencyKeys:
     def recall(
         self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
     ) -> Recall:
-        """Record a new submission under ``key``, or answer the original job."""
-        return self.dedup.run(self.plan(key, task, fingerprint, job_id, ttl))
+        """Record a new submission under ``key``, or answer the original job once its
+        publish is confirmed (IdempotencyKeyInProgress if that takes ``idempotency_wait``)."""
+        step = self.plan(key, task, fingerprint, job_id, ttl)
+        deadline = time.monotonic() + self.dedup.settings.idempotency_wait
+        while (answer := self.dedup.run(step)).outcome == "pending":
+            self._still_pending(answer, task, deadline)
+            time.sleep(PENDING_POLL)
+        return answer
 
     async def arecall(
         self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
     ) -> Recall:
-        return await self.dedup.arun(self.plan(key, task, fingerprint, job_id, ttl))
+        step = self.plan(key, task, fingerprint, job_id, ttl)
+        deadline = time.monotonic() + self.dedup.settings.idempotency_wait
+        while (answer := await self.dedup.arun(step)).outcome == "pending":
+            self._still_pending(answer, task, deadline)
+            await asyncio.sleep(PENDING_POLL)
+        return answer
+
+    def _still_pending(self, answer: Recall, task: str, deadline: float) -> None:
+        """Raise once the wait for another submission's publish is over."""
+        if time.monotonic() < deadline:
+            return
+        self.dedup.note("idempotency", "in_progress", logging.WARNING, task, key=answer.key)
+        raise IdempotencyKeyInProgress(
+            answer.key, answer.job_id, self.dedup.settings.idempotency_wait
+        )
 
     def published(self, recall: Recall) -> None:
         """The new submission's job is in the broker: keep its record for the whole ttl."""

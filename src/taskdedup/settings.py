@@ -13,7 +13,14 @@ from .errors import ConfigError
 from .policy import DEFAULT_LEASE, DEFAULT_TTL, STRATEGIES, Policy, Strategy, seconds
 
 OnStoreError = Literal["enqueue", "raise"]
-_SECONDS = ("default_ttl", "default_lease", "grace", "remember_finished", "idempotency_ttl")
+_SECONDS = (
+    "default_ttl",
+    "default_lease",
+    "grace",
+    "remember_finished",
+    "idempotency_ttl",
+    "idempotency_wait",
+)
 OnMismatch = Literal["raise", "return"]
 ENV_PREFIX = "TASKDEDUP_"
 
@@ -36,6 +43,8 @@ class Settings:
     idempotency_ttl: seconds an idempotency key answers with its original job (default 24 h).
     idempotency_on_mismatch: a key reused with another task or other arguments: "raise"
         IdempotencyKeyMismatch, or "return" the original job.
+    idempotency_wait: seconds a submission waits for another submission of its key that is
+        still being published (it may fail and free the key) before IdempotencyKeyInProgress.
     """
 
     url: str | None = None
@@ -51,6 +60,7 @@ class Settings:
     remember_finished: float = 3600.0
     idempotency_ttl: float = 86400.0
     idempotency_on_mismatch: OnMismatch = "raise"
+    idempotency_wait: float = 5.0
 
     def __post_init__(self) -> None:
         if isinstance(self.disabled_tasks, str):

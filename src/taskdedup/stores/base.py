@@ -83,6 +83,7 @@ class RememberReply:
     new: bool  # the record is ours (just written, or handed to us by ``replaces``)
     job_id: str  # the job the record points at
     fingerprint: str
+    pending: bool = False  # another job's, not yet confirmed: its publish may still fail
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -396,7 +396,7 @@ class MemoryStore(Store):
         name = self._name(op.key, "lock")
         rec = self._get(name, now)
         if rec is not None and rec["j"] != op.replaces:
-            return RememberReply(False, rec["j"], rec["p"])
+            return RememberReply(False, rec["j"], rec["p"], pending=not rec["c"])
         confirmed = rec is not None or op.grace_ms >= op.ttl_ms
         fields = {"j": op.job_id, "p": op.fingerprint, "s": "q", "f": 0, "d": 0}
         fields.update({"e": now + op.ttl_ms, "c": int(confirmed)})

@@ -588,8 +588,8 @@ def _same(a: Any, b: Any, name: str) -> bool:
 
 
 def _parse_remember(r: Any) -> RememberReply:
-    new, fingerprint, job = _s(r).split(" ", 2)
-    return RememberReply(new == "1", job, fingerprint)
+    state, fingerprint, job = _s(r).split(" ", 2)
+    return RememberReply(state == "1", job, fingerprint, pending=state == "p")
 
 
 def _parse_peek(r: Any) -> AcquireReply | None:

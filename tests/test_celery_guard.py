@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -439,3 +440,45 @@ def test_a_failed_publish_gives_back_the_slot(app: Celery, monkeypatch: pytest.M
     assert guard.active("tenant=acme") == []
     monkeypatch.undo()
     assert sync.delay("acme") is not None  # the one slot is free
+
+
+@pytest.mark.parametrize("strategy", ["until_executing", "until_executed"])
+def test_a_rescheduled_run_under_a_full_cap_is_sent_and_runs(
+    app: Celery, strategy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """reschedule_once owes one more run. Its publish is never refused by the scope's cap
+    (that would fail the job in hand and lose the owed run): it takes a slot if one is free
+    (until_executed: the job in hand has just freed its own), else it is sent without one and
+    waits for one when it starts (until_executing: it is sent as the first starts), so the
+    two never run at once under max_concurrent=1."""
+    caplog.set_level(logging.INFO, logger="taskdedup")
+    started, release = threading.Event(), threading.Event()
+    runs: list[tuple[str, list[str]]] = []
+    guard = ReservationGuard(install(app).dedup.store)
+
+    @reserve(max_concurrent=1, scope="user_id")
+    @deduplicate(strategy, keys=["user_id"], on_conflict="reschedule_once")
+    @app.task(shared=False)
+    def sync_user(user_id: int, note: str) -> str:
+        runs.append((note, [slot.member for slot in guard.active(f"user_id={user_id}")]))
+        if note == "first":
+            started.set()
+            assert release.wait(20)
+        return note
+
+    first = sync_user.delay(1, "first")
+    if strategy == "until_executing":  # a duplicate while the first is queued: owed at its start
+        assert sync_user.delay(1, "second").id == first.id
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        assert started.wait(20)
+        if strategy == "until_executed":  # a duplicate while the first runs: owed at its end
+            assert sync_user.delay(1, "second").id == first.id
+        else:  # the owed run was sent as the first started, and waits for the slot
+            wait_for(lambda: "scope user_id=1 is full" in caplog.text, 20, "the run to wait")
+        release.set()
+        assert first.get(timeout=20) == "first"  # the job in hand is not failed by the cap
+        wait_for(lambda: len(runs) == 2, 20, "the rescheduled run")
+        wait_for(lambda: not guard.active("user_id=1"), 10, "the slots to be freed")
+    (_, during_first), (note, during_second) = runs
+    assert note == "second" and during_first == [first.id]
+    assert len(during_second) == 1 and during_second != during_first  # its own slot, alone

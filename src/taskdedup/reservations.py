@@ -117,14 +117,14 @@ class ReservePolicy:
         return f"{self.scope}={bound[self.scope]}"
 
 
-def _check_started(held: Lease, answers: tuple[bool, ...]) -> None:
-    if not answers[0]:  # its slot lapsed while it waited longer than the reservation's ttl
-        log.warning(
-            "taskdedup: job %s starts without a slot of scope %s (queued longer than the "
-            "reservation ttl): the scope may run over its cap; raise ttl",
-            held.job_id,
-            held.key,
-        )
+def _without_slot(held: Lease) -> Lease:
+    log.warning(
+        "taskdedup: job %s starts without a slot of scope %s (its reservation lapsed while it "
+        "was queued): the scope may run over its cap; raise the reservation ttl",
+        held.job_id,
+        held.key,
+    )
+    return held
 
 
 class Reservation:
@@ -223,15 +223,36 @@ class ReservationGuard:
     async def arelease(self, scope: str, member: str) -> bool:
         return await self.store.arun(Unreserve(scope, member))
 
-    def start(self, scope: str, job_id: str, lease: Seconds) -> Lease:
-        """The job starts: its slot now lives one lease (renew the returned Lease by heartbeat)."""
+    def start(
+        self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None = None
+    ) -> Lease:
+        """The job starts: its slot now lives one lease (renew the returned Lease by heartbeat).
+
+        A job without a live slot (its reservation lapsed in the queue, or it is a run owed by
+        reschedule_once that was sent while the scope was full) takes one now if fewer than
+        ``max_concurrent`` are in flight, else QuotaExceeded: the worker sends it again later
+        rather than run it over the cap. Without ``max_concurrent`` it starts anyway.
+        """
         held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
-        _check_started(held, self.store.run(Heartbeat((held,))))
+        if self.store.run(Heartbeat((held,)))[0]:
+            return held
+        if max_concurrent is None:
+            return _without_slot(held)
+        if not self.store.run(self._reserve_op(scope, max_concurrent, lease, job_id)).granted:
+            raise QuotaExceeded(scope, max_concurrent)
         return held
 
-    async def astart(self, scope: str, job_id: str, lease: Seconds) -> Lease:
+    async def astart(
+        self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None = None
+    ) -> Lease:
         held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
-        _check_started(held, await self.store.arun(Heartbeat((held,))))
+        if (await self.store.arun(Heartbeat((held,))))[0]:
+            return held
+        if max_concurrent is None:
+            return _without_slot(held)
+        op = self._reserve_op(scope, max_concurrent, lease, job_id)
+        if not (await self.store.arun(op)).granted:
+            raise QuotaExceeded(scope, max_concurrent)
         return held
 
     def active(self, scope: str) -> list[Slot]:

@@ -12,6 +12,9 @@ from kombu import serialization
 
 KEY_HEADER = "taskdedup_key"
 SCOPE_HEADER = "taskdedup_scope"  # the reservation scope whose slot the job holds
+#: A publish option (never sent) for a run already accepted: a rescheduled run or a deferred
+#: copy. A full scope does not refuse it; the job takes its slot when it starts.
+OWED_OPTION = "taskdedup_owed"
 
 
 def dump_call(args: Any, kwargs: Any, serializer: str) -> str:

@@ -24,7 +24,15 @@ from ..reservations import ReservePolicy
 from ..stores.base import Acquire
 from ..stores.redis import RedisStore
 from .guarded import publish_guarded
-from .messages import KEY_HEADER, SCOPE_HEADER, add_key, delay_of, dump_call, queue_of
+from .messages import (
+    KEY_HEADER,
+    OWED_OPTION,
+    SCOPE_HEADER,
+    add_key,
+    delay_of,
+    dump_call,
+    queue_of,
+)
 from .redis_push import PENDING, NotPublished, PendingEnqueue, StoreDown
 from .tasks import task_limits, task_policy
 
@@ -48,6 +56,7 @@ class Publisher:
         integ = self.integration
         idempotency_key = options.pop("idempotency_key", None)
         idempotency_ttl = options.pop("idempotency_ttl", None)
+        owed = options.pop(OWED_OPTION, False)
         task = integ.app.tasks.get(name)
         policy = limits = None
         if task is not None and not any(options.get(option) for option in CANVAS_OPTIONS):
@@ -65,7 +74,7 @@ class Publisher:
             if idempotency_key is not None:
                 idempotency = (idempotency_key, idempotency_ttl)
             return publish_guarded(
-                self, task, name, args, kwargs, options, policy, limits, idempotency
+                self, task, name, args, kwargs, options, policy, limits, idempotency, owed=owed
             )
         assert policy is not None
         dedup = integ.dedup

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from ..core import Admission
-from ..errors import StoreUnavailable
+from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease
-from .messages import KEY_HEADER, SCOPE_HEADER, load_call
+from .messages import KEY_HEADER, OWED_OPTION, SCOPE_HEADER, load_call
 from .tasks import task_limits, task_policy
 
 if TYPE_CHECKING:
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("taskdedup")
 BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
+FULL_DELAY = 2.0  # seconds before a job that found its scope full at start is tried again
+OWED = {OWED_OPTION: True}  # publish options of a run already accepted
 
 
 def wrap_task(integ: CeleryDedup, task: Any) -> None:
@@ -57,10 +59,10 @@ class Worker:
         if request.id is None or request.called_directly:
             return original(*args, **kwargs)
         policy = task_policy(task, self.integ.settings)
-        admission = self._claim(task, policy, args, kwargs) if policy is not None else None
+        slot = self._start_slot(task, policy, args, kwargs)  # first: a full scope defers the job
+        admission = self._claim(task, policy, args, kwargs, slot) if policy is not None else None
         heartbeat = self.integ.heartbeat()
         leases = [admission.lease] if admission is not None and admission.lease else []
-        slot = self._start_slot(task, policy)
         if slot is not None:
             leases.append(slot)
         for lease in leases:
@@ -83,7 +85,12 @@ class Worker:
         return result
 
     def _claim(
-        self, task: Any, policy: TaskPolicy, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        task: Any,
+        policy: TaskPolicy,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        slot: Lease | None,
     ) -> Admission:
         """Claim the job, or raise Ignore when this delivery must not run now."""
         request = task.request
@@ -101,22 +108,41 @@ class Worker:
         if admission.handoff is not None:
             self._publish_handoff(task, admission.key, admission.handoff)
         if not admission.should_run:
+            if slot is not None and admission.outcome not in ("busy", "running"):
+                release_slot(self.integ, slot.key, slot.job_id)  # the job is over
             self._skip(task, policy, admission, args, kwargs)
         request.taskdedup_key = admission.key
         request.taskdedup_fence = admission.fence
         return admission
 
-    def _start_slot(self, task: Any, policy: TaskPolicy | None) -> Lease | None:
-        """The job holds its scope's slot for one lease from now, renewed by the heartbeat."""
+    def _start_slot(
+        self, task: Any, policy: TaskPolicy | None, args: Any, kwargs: Any
+    ) -> Lease | None:
+        """The job holds its scope's slot for one lease from now, renewed by the heartbeat.
+        A job that has no slot and finds its scope full is sent again later (Ignore)."""
         scope = header(task.request, SCOPE_HEADER)
         if not scope:
             return None
         lease = policy.policy.lease_seconds if policy else self.integ.settings.default_lease
+        limits = task_limits(task)
+        cap = limits.max_concurrent if limits is not None else None
         try:
-            return self.integ.reservations.start(scope, task.request.id, lease)
+            return self.integ.reservations.start(scope, task.request.id, lease, cap)
         except StoreUnavailable as exc:
             log.warning("taskdedup: could not renew the slot of %s: %s", task.request.id, exc)
             return None
+        except QuotaExceeded:
+            later = task.signature_from_request(task.request, args, kwargs, countdown=FULL_DELAY)
+            later.apply_async(**OWED)
+            log.info(
+                "taskdedup: not starting %s[%s]: it holds no slot and scope %s is full; "
+                "sent again in %gs",
+                task.name,
+                task.request.id,
+                scope,
+                FULL_DELAY,
+            )
+            raise Ignore() from None
 
     def _finish(
         self, task: Any, policy: Any, admission: Admission | None, slot: Lease | None
@@ -133,12 +159,23 @@ class Worker:
             self._publish_handoff(task, admission.key, done.handoff)
 
     def _publish_handoff(self, task: Any, key: str | None, handoff: Any) -> None:
-        """Publish the one rescheduled run (reschedule_once) under the id the lock holds."""
+        """Publish the one rescheduled run (reschedule_once) under the id the lock holds.
+        A failure to publish it is logged; the run in hand goes on (its lock was freed by
+        the failed publish, G5)."""
         if handoff.payload is not None:
             args, kwargs = load_call(handoff.payload)
         else:
             args, kwargs = task.request.args, task.request.kwargs
-        task.apply_async(args, kwargs, task_id=handoff.job_id, headers={KEY_HEADER: key})
+        try:
+            task.apply_async(
+                args, kwargs, task_id=handoff.job_id, headers={KEY_HEADER: key}, **OWED
+            )
+        except Exception:
+            log.exception(
+                "taskdedup: could not publish the rescheduled run %s[%s] (reschedule_once)",
+                task.name,
+                handoff.job_id,
+            )
 
     def _skip(
         self, task: Any, policy: TaskPolicy, admission: Admission, args: Any, kwargs: Any
@@ -149,7 +186,8 @@ class Worker:
         if admission.outcome in ("busy", "running"):
             delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
             # the same message again (id, queue, callbacks, chain, headers), only later
-            task.signature_from_request(task.request, args, kwargs, countdown=delay).apply_async()
+            later = task.signature_from_request(task.request, args, kwargs, countdown=delay)
+            later.apply_async(**OWED)
             action = f"deferred {delay:g}s"
         else:
             action = "dropped"

@@ -30,11 +30,14 @@ def silent_url() -> Iterator[str]:
         yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
 
 
-@pytest.mark.parametrize("side", ["sync", "asyncio"])
+@pytest.mark.parametrize("side", ["sync", "asyncio", "asyncio, timeout in the url"])
 def test_a_store_that_stops_answering_is_unavailable_after_the_socket_timeout(
     silent_url: str, side: str
 ) -> None:
-    store = RedisStore.from_url(silent_url, socket_timeout=0.3)
+    if "url" in side:
+        store = RedisStore.from_url(silent_url + "?socket_timeout=0.3", socket_timeout=60)
+    else:
+        store = RedisStore.from_url(silent_url, socket_timeout=0.3)
     dedup = Deduplicator(store, Settings(on_store_error="raise"))
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="did not answer"):

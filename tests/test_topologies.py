@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -219,3 +221,44 @@ def test_heartbeat_thread_on_cluster(cluster: str, key_prefix: str) -> None:
     finally:
         beat.stop()
     store.close()
+
+
+def test_asyncio_on_sentinel_moves_past_a_silent_sentinel(sentinel: str, key_prefix: str) -> None:
+    """The first sentinel listed accepts connections but never answers (stopped, overloaded):
+    every asyncio operation still gets through, via the next sentinel, after socket_timeout."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = sentinel.replace(
+            "redis+sentinel://", f"redis+sentinel://127.0.0.1:{silent.getsockname()[1]},"
+        )
+        store = RedisStore.from_url(url, prefix=key_prefix, socket_timeout=1)
+        dedup = Deduplicator(store, Settings(on_store_error="raise"))
+
+        async def three() -> list[bool]:
+            return [(await dedup.aenqueue(POLICY, (f"s{i}",))).acquired for i in range(3)]
+
+        assert asyncio.run(three()) == [True, True, True]
+        store.close()
+
+
+def test_a_store_built_on_a_sync_client_serves_asyncio_calls_too(
+    redis_url: str, sentinel: str, key_prefix: str
+) -> None:
+    """RedisStore(client): the asyncio side is derived from the client's connection settings,
+    or, where they do not name the server (Sentinel), runs the sync client in a thread."""
+    plain = redis.Redis.from_url(redis_url)
+    parts = sentinel.removeprefix("redis+sentinel://").split("/")
+    host, port = parts[0].rsplit(":", 1)
+    managed = redis.Sentinel([(host, int(port))]).master_for(parts[1])
+    for client in (plain, managed):
+        dedup = Deduplicator(
+            RedisStore(client, prefix=key_prefix), Settings(on_store_error="raise")
+        )
+
+        async def twice(dedup: Deduplicator) -> tuple[Any, Any]:
+            return await dedup.aenqueue(POLICY, ("x",)), await dedup.aenqueue(POLICY, ("x",))
+
+        first, again = asyncio.run(twice(dedup))
+        assert first.acquired and again.deduplicated and again.job_id == first.job_id
+        client.close()

@@ -10,9 +10,10 @@ single slot. Time is read from the Redis server inside the scripts.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
@@ -85,6 +86,7 @@ class RedisStore(Store):
         self._async_client = async_client
         #: Deadline of each asyncio operation, for the asyncio clients this store makes itself.
         self._async_timeout: float | None = None
+        self._threaded = False  # no asyncio client could be derived from the sync one
         self.calls = ScriptCalls(prefix)
 
     @classmethod
@@ -109,27 +111,27 @@ class RedisStore(Store):
 
     @property
     def async_client(self) -> Any:
-        if self._async_client is None:
+        """The asyncio client, or None when asyncio calls run the sync client in a thread."""
+        if self._async_client is None and not self._threaded:
             self._async_client = self._make_client(asynchronous=True)
+            self._threaded = self._async_client is None
         return self._async_client
 
     def _make_client(self, *, asynchronous: bool) -> Any:
+        """A client for ``url``; None for an asyncio client that cannot be derived from the
+        given sync one (asyncio calls then run the sync client in a thread)."""
         lib: Any = redis.asyncio if asynchronous else redis
         url = self.url
-        options = dict(self._options)
-        if url is None:  # derive one side from the other client's connection settings
-            other = self._async_client if self._client is None else self._client
-            options = dict(other.connection_pool.connection_kwargs)
-        if asynchronous:
-            # redis-py's asyncio client bounds each write with asyncio.wait_for, which costs a
-            # Task per command before Python 3.12 (a third of a round trip on loopback). The
-            # store bounds each whole operation with one deadline instead: the same limit for
-            # a Redis that stops answering (G5), without the Task.
-            self._async_timeout = options.pop("socket_timeout", DEFAULT_TIMEOUT)
-            options["socket_timeout"] = None
         if url is None:
-            return lib.Redis(**options)
+            return self._derived_client(lib, asynchronous)
+        options = dict(self._options)
         parts = urlsplit(url)
+        if parts.scheme in ("redis", "rediss", "unix"):
+            if asynchronous:
+                url = self._own_deadline(url, options)
+            return lib.Redis.from_url(url, **options)
+        # Cluster and Sentinel clients keep redis-py's socket timeouts: they react to a
+        # node's timeout (try the next sentinel, refresh the slot map), not to a cancellation.
         if parts.scheme == "redis+cluster":
             plain = url.replace("redis+cluster://", "redis://", 1)
             return lib.RedisCluster.from_url(plain, **options)
@@ -146,7 +148,48 @@ class RedisStore(Store):
                 [(h, int(p)) for h, p in hosts], sentinel_kwargs=None, **auth, **options
             )
             return sentinel.master_for(path[0], db=db, **auth)
-        return lib.Redis.from_url(url, **options)
+        raise ConfigError(f"unsupported store url {url!r}")
+
+    def _own_deadline(self, url: str, options: dict[str, Any]) -> str:
+        """Take ``socket_timeout`` (argument, URL query or redis-py's default) as the store's
+        deadline per asyncio operation, and give the client none.
+
+        redis-py's asyncio client bounds each write with asyncio.wait_for, which costs a Task
+        per command before Python 3.12 (a third of a round trip on loopback). One deadline per
+        operation sets the same limit for a Redis that stops answering (G5) without the Task.
+        """
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        given = [value for name, value in query if name == "socket_timeout"]
+        timeout = options.pop("socket_timeout", DEFAULT_TIMEOUT)
+        if given:  # redis-py lets the URL's options win over arguments: so do we
+            try:
+                timeout = float(given[-1])
+            except ValueError:
+                raise ConfigError(f"socket_timeout in {url!r} must be seconds") from None
+        self._async_timeout = timeout
+        options["socket_timeout"] = None
+        rest = urlencode([(name, value) for name, value in query if name != "socket_timeout"])
+        return urlunsplit(parts._replace(query=rest))
+
+    def _derived_client(self, lib: Any, asynchronous: bool) -> Any:
+        """A client of the other kind for the server of the one given, or None when that
+        server cannot be read off it (Cluster, Sentinel): the caller then uses a thread."""
+        other = self._async_client if self._client is None else self._client
+        pool = getattr(other, "connection_pool", None)
+        if pool is None or "Sentinel" in type(pool).__name__:
+            return None
+        given = dict(pool.connection_kwargs)
+        if "path" in given:  # a unix socket
+            given["unix_socket_path"] = given.pop("path")
+        if "SSL" in pool.connection_class.__name__:
+            given["ssl"] = True
+        accepted = inspect.signature(lib.Redis.__init__).parameters
+        options = {name: value for name, value in given.items() if name in accepted}
+        if asynchronous:
+            self._async_timeout = options.pop("socket_timeout", DEFAULT_TIMEOUT)
+            options["socket_timeout"] = None
+        return lib.Redis(**options)
 
     def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """EVALSHA the script, loading it once on NOSCRIPT (cheaper than redis-py's Script)."""
@@ -185,14 +228,14 @@ class RedisStore(Store):
             raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
 
     async def arun(self, op: Op[R]) -> R:
+        if self.async_client is None:
+            return await asyncio.to_thread(self.run, op)
         try:
             builder = self.calls.single.get(type(op))
             if builder is not None:
                 call = builder(op)
                 raw = await self._aeval(call.script, call.keys, call.args)
                 return cast(R, call.parse(raw))
-            if self._async_client is None and self.url is None:
-                return cast(R, await asyncio.to_thread(self._run_special, op))
             return cast(R, await self._arun_special(op))
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
@@ -223,6 +266,8 @@ class RedisStore(Store):
         self, op: Acquire, queue: str, message: str | bytes
     ) -> AcquireReply:
         """The asyncio twin of :meth:`acquire_and_push`."""
+        if self.async_client is None:
+            return await asyncio.to_thread(self.acquire_and_push, op, queue, message)
         call = self.calls.acquire(op)
         try:
             raw = await self._aeval("acquire", [*call.keys, queue], [*call.args, message])

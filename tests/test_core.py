@@ -215,3 +215,53 @@ def test_a_repeat_of_an_idempotency_key_still_being_published_gives_up_after_the
     hit = asyncio.run(keys.arecall("ci-7", "ci.build", "fp", "job-4"))
     assert hit.hit and hit.job_id == "job-1"
     assert dedup.stats["idempotency.in_progress"] == 2
+
+
+def test_a_confirmation_the_store_could_not_take_is_sent_again() -> None:
+    """The store missed the first confirmation batch: it is sent again while the grace lasts,
+    so a repeat of the key gets its hit instead of waiting out the grace."""
+    from taskdedup import IdempotencyKeys
+    from taskdedup.stores.base import Confirm
+
+    store = MemoryStore()
+    run, failures = store.run, [1]
+
+    def flaky(op: Any) -> Any:
+        if isinstance(op, Confirm) and failures[0]:
+            failures[0] -= 1
+            raise StoreUnavailable("Redis did not answer: injected")
+        return run(op)
+
+    store.run = flaky  # type: ignore[method-assign]
+    dedup = Deduplicator(store, Settings(idempotency_wait=3))
+    keys = IdempotencyKeys(dedup)
+    first = keys.recall("ci-8", "ci.build", "fp", "job-1")
+    keys.published(first)  # the confirmer thread sends it; the store misses it once
+    again = keys.recall("ci-8", "ci.build", "fp", "job-2")
+    assert again.hit and again.job_id == "job-1" and failures == [0]
+
+
+def test_the_kill_switch_and_dry_run_answer_no_idempotency_key_and_never_wait() -> None:
+    from taskdedup import IdempotencyKeys
+
+    store = MemoryStore()
+    IdempotencyKeys(Deduplicator(store)).recall("ci-9", "ci.build", "fp", "job-1")  # pending
+    for settings in (Settings(enabled=False), Settings(dry_run=True)):
+        dedup = Deduplicator(store, settings)
+        again = IdempotencyKeys(dedup).recall("ci-9", "ci.build", "fp", "job-2")
+        assert again.is_new and again.job_id == "job-2"  # published as if no key was given
+    assert dedup.stats["idempotency.would_hit"] == 1
+
+
+def test_a_mismatch_is_raised_at_once_even_while_the_first_is_being_published() -> None:
+    from taskdedup import IdempotencyKeyInProgress, IdempotencyKeyMismatch, IdempotencyKeys
+
+    dedup = Deduplicator(MemoryStore(), Settings(idempotency_wait=0))
+    keys = IdempotencyKeys(dedup)
+    keys.recall("ci-10", "ci.build", "fp-a", "job-1")  # not published yet
+    with pytest.raises(IdempotencyKeyMismatch):
+        keys.recall("ci-10", "ci.build", "fp-b", "job-2")
+    with pytest.raises(IdempotencyKeyInProgress, match="after 0 s"):  # 0: no wait at all
+        keys.recall("ci-10", "ci.build", "fp-a", "job-3")
+    with pytest.raises(ConfigError, match="idempotency_wait"):
+        Settings(idempotency_wait=-1)

@@ -172,12 +172,18 @@ class AsyncHeartbeat(_Leases):
 
 
 class Confirmer:
-    """Confirms published locks in batches from a daemon thread started on first use."""
+    """Confirms published locks in batches from a daemon thread started on first use.
+
+    A batch the store could not take is tried again while its locks' grace lasts: a lock
+    left unconfirmed would lapse after the grace (a missed dedup), and an idempotency key
+    would keep its repeats waiting until then.
+    """
 
     def __init__(self, dedup: Deduplicator, interval: float = 0.25) -> None:
         self.dedup = dedup
         self.interval = interval
-        self._pending: list[tuple[str, str]] = []
+        self._pending: list[tuple[str, str, float]] = []  # key, job id, give up at
+        self._failing = False
         self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -185,8 +191,9 @@ class Confirmer:
         self._pid = 0
 
     def add(self, key: str, job_id: str) -> None:
+        give_up = time.monotonic() + self.dedup.settings.grace
         with self._mutex:
-            self._pending.append((key, job_id))
+            self._pending.append((key, job_id, give_up))
             if self._pid != os.getpid():  # first use, or a forked child: start our thread
                 self._pid = os.getpid()
                 self._start()
@@ -207,10 +214,25 @@ class Confirmer:
         if not batch:
             return 0
         try:
-            return self.dedup.store.run(Confirm(tuple(batch)))
+            confirmed = self.dedup.store.run(Confirm(tuple((k, j) for k, j, _ in batch)))
         except Exception as exc:  # a missed confirmation costs a dedup window, never a job
-            log.warning("taskdedup: could not confirm %d lock(s): %s", len(batch), exc)
+            now = time.monotonic()
+            again = [item for item in batch if item[2] > now]
+            if not self._failing:
+                log.warning(
+                    "taskdedup: could not confirm %d lock(s), trying again while their grace "
+                    "lasts: %s",
+                    len(batch),
+                    exc,
+                )
+            self._failing = True
+            with self._mutex:
+                self._pending[:0] = again
+            if again:
+                self._wake.set()
             return 0
+        self._failing = False
+        return confirmed
 
     def stop(self) -> None:
         self._stop.set()

@@ -102,12 +102,17 @@ class IdempotencyKeys:
         op = Remember(record_key(key), job_id, fingerprint, ttl_ms, grace_ms)
 
         def done(reply: RememberReply) -> Recall:
-            if reply.pending:  # its publish may still fail: the caller asks again
-                return Recall("pending", reply.job_id, key)
             if reply.new:
                 self.dedup.note("idempotency", "new", logging.DEBUG, task, key=key, job=job_id)
                 return Recall("new", job_id, key, confirm=grace_ms < ttl_ms, ttl_ms=ttl_ms)
-            if reply.fingerprint == fingerprint:
+            if settings.dry_run:  # decide and log, but answer nothing: the call publishes
+                outcome = "would_hit" if reply.fingerprint == fingerprint else "would_mismatch"
+                self.dedup.note("idempotency", outcome, logging.INFO, task, key=key, job=job_id)
+                return Recall("new", job_id, key)
+            mismatch = reply.fingerprint != fingerprint
+            if reply.pending and not (mismatch and settings.idempotency_on_mismatch == "raise"):
+                return Recall("pending", reply.job_id, key)  # its publish may still fail
+            if not mismatch:
                 self.dedup.note("idempotency", "hit", logging.INFO, task, key=key, job=reply.job_id)
                 return Recall("hit", reply.job_id, key)
             self.dedup.note(
@@ -129,6 +134,8 @@ class IdempotencyKeys:
         """Record a new submission under ``key``, or answer the original job once its
         publish is confirmed (IdempotencyKeyInProgress if that takes ``idempotency_wait``)."""
         step = self.plan(key, task, fingerprint, job_id, ttl)
+        if not self.dedup.active(task):  # the kill switch: every call publishes
+            return Recall("new", job_id, key)
         deadline = time.monotonic() + self.dedup.settings.idempotency_wait
         while (answer := self.dedup.run(step)).outcome == "pending":
             self._still_pending(answer, task, deadline)
@@ -139,6 +146,8 @@ class IdempotencyKeys:
         self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
     ) -> Recall:
         step = self.plan(key, task, fingerprint, job_id, ttl)
+        if not self.dedup.active(task):
+            return Recall("new", job_id, key)
         deadline = time.monotonic() + self.dedup.settings.idempotency_wait
         while (answer := await self.dedup.arun(step)).outcome == "pending":
             self._still_pending(answer, task, deadline)

@@ -19,7 +19,6 @@ _SECONDS = (
     "grace",
     "remember_finished",
     "idempotency_ttl",
-    "idempotency_wait",
 )
 OnMismatch = Literal["raise", "return"]
 ENV_PREFIX = "TASKDEDUP_"
@@ -44,7 +43,8 @@ class Settings:
     idempotency_on_mismatch: a key reused with another task or other arguments: "raise"
         IdempotencyKeyMismatch, or "return" the original job.
     idempotency_wait: seconds a submission waits for another submission of its key that is
-        still being published (it may fail and free the key) before IdempotencyKeyInProgress.
+        still being published (it may fail and free the key) before IdempotencyKeyInProgress;
+        0 never waits. The sync API blocks its thread while it waits.
     """
 
     url: str | None = None
@@ -83,6 +83,10 @@ class Settings:
             )
         for name in _SECONDS:
             object.__setattr__(self, name, seconds(getattr(self, name), name=name))
+        wait = self.idempotency_wait  # 0 allowed: a repeat never waits (async callers)
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
+            raise ConfigError(f"idempotency_wait must be seconds >= 0, not {wait!r}")
+        object.__setattr__(self, "idempotency_wait", float(wait))
         if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
             raise ConfigError(f"key_prefix must be non-empty, without braces: {self.key_prefix!r}")
 

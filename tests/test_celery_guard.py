@@ -482,3 +482,28 @@ def test_a_rescheduled_run_under_a_full_cap_is_sent_and_runs(
     (_, during_first), (note, during_second) = runs
     assert note == "second" and during_first == [first.id]
     assert len(during_second) == 1 and during_second != during_first  # its own slot, alone
+
+
+def test_a_job_whose_reservation_lapsed_waits_for_a_slot_when_the_scope_is_full(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Queued longer than its reservation's ttl, a job starts without a slot: it takes one
+    if the scope has room, else it is sent again later instead of running over the cap."""
+    caplog.set_level(logging.INFO, logger="taskdedup")
+    guard = ReservationGuard(install(app).dedup.store)
+    runs: list[list[str]] = []
+
+    @reserve(max_concurrent=1, scope="tenant", ttl=0.3)
+    @app.task(shared=False)
+    def sync(tenant: str) -> None:
+        runs.append([slot.member for slot in guard.active(f"tenant={tenant}")])
+
+    job = sync.delay("acme")
+    wait_for(lambda: not guard.active("tenant=acme"), 10, "the reservation to lapse")
+    outsider = guard.reserve("tenant=acme", 1, ttl=60)  # the scope is full again
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        wait_for(lambda: "scope tenant=acme is full" in caplog.text, 20, "the job to wait")
+        assert runs == []
+        outsider.release()
+        job.get(timeout=20)
+    assert runs == [[job.id]]  # it ran holding the scope's only slot

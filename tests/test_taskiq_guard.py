@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import redis
-from taskiq import InMemoryBroker
+from taskiq import Context, InMemoryBroker
 from taskiq_redis import ListQueueBroker
 
 from taskdedup import (
@@ -21,7 +21,7 @@ from taskdedup import (
     ReservationGuard,
 )
 from taskdedup.taskiq import DedupMiddleware, deduplicate, reserve
-from test_taskiq import Deliveries, delivered, run, started, until
+from test_taskiq import CONTEXT, Deliveries, delivered, run, started, until
 
 
 @pytest.fixture
@@ -298,3 +298,74 @@ def test_a_store_outage_with_on_store_error_raise_reaches_the_caller_as_itself(
 
     run(body())
     assert queued(redis_url, key_prefix) == 0
+
+
+def test_a_job_whose_reservation_lapsed_waits_for_a_slot_when_the_scope_is_full() -> None:
+    """Queued longer than its reservation's ttl, a job starts without a slot: it takes one
+    if the scope has room, else it is sent again later instead of running over the cap."""
+    deliver = asyncio.Event()
+
+    class HeldBroker(InMemoryBroker):
+        """Delivers what is kicked only once the test says so (a queue with no worker yet)."""
+
+        async def kick(self, message: Any) -> None:
+            await deliver.wait()
+            await super().kick(message)
+
+    store = MemoryStore()
+    broker = HeldBroker().with_middlewares(DedupMiddleware(store), Deliveries())
+    guard = ReservationGuard(store)
+    runs: list[list[str]] = []
+
+    @reserve(max_concurrent=1, scope="tenant", ttl=0.3)
+    @broker.task
+    async def sync(tenant: str) -> None:
+        runs.append([slot.member for slot in guard.active(f"tenant={tenant}")])
+
+    async def body() -> None:
+        kick = asyncio.create_task(sync.kiq("acme"))
+        await until(lambda: guard.active("tenant=acme"), what="the reservation")
+        await until(lambda: not guard.active("tenant=acme"), what="the reservation to lapse")
+        outsider = guard.reserve("tenant=acme", 1, ttl=60)  # the scope is full again
+        deliver.set()
+        job = await kick
+        await until(lambda: job.task_id in delivered(broker), what="the delivery")
+        await asyncio.sleep(0)
+        assert runs == []  # not run over the cap
+        outsider.release()
+        await until(lambda: runs, what="the job to run once the slot is free")
+        assert runs == [[job.task_id]]
+        assert delivered(broker).count(job.task_id) == 2  # the deferred copy ran
+
+    run(started(broker, body))
+
+
+def test_a_rescheduled_run_takes_its_own_slot_of_the_scope() -> None:
+    """reschedule_once owes one more run: it is sent with the scope's slot the first run has
+    just freed, so the cap holds for it too."""
+    store = MemoryStore()
+    broker = InMemoryBroker().with_middlewares(DedupMiddleware(store), Deliveries())
+    guard = ReservationGuard(store)
+    gate = asyncio.Event()
+    runs: list[tuple[str, str, list[str]]] = []
+
+    @reserve(max_concurrent=1, scope="user")
+    @deduplicate("until_executed", keys=["user"], on_conflict="reschedule_once")
+    @broker.task
+    async def sync_user(user: int, note: str, context: Context = CONTEXT) -> None:
+        slots = [slot.member for slot in guard.active(f"user={user}")]
+        runs.append((note, context.message.task_id, slots))
+        if note == "first":
+            await gate.wait()
+
+    async def body() -> None:
+        first = await sync_user.kiq(1, "first")
+        await until(lambda: runs, what="the first run")
+        assert (await sync_user.kiq(1, "second")).task_id == first.task_id
+        gate.set()
+        await until(lambda: len(runs) == 2, what="the rescheduled run")
+        await until(lambda: not guard.active("user=1"), what="its slot to be freed")
+
+    run(started(broker, body))
+    (_, first_id, first_slots), (note, second_id, second_slots) = runs
+    assert first_slots == [first_id] and note == "second" and second_slots == [second_id]

@@ -32,10 +32,20 @@ from taskiq.result import TaskiqResult
 
 from ..background import AsyncHeartbeat
 from ..core import Admission, Ticket
-from ..errors import StoreUnavailable
+from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
-from ..stores.base import Handoff
-from .options import FENCE_LABEL, KEY_LABEL, RETRIES_LABEL, SCOPE_LABEL, label, set_label
+from ..stores.base import Handoff, Lease
+from .options import (
+    FENCE_LABEL,
+    KEY_LABEL,
+    RETRIES_LABEL,
+    SCOPE_LABEL,
+    call_shape,
+    label,
+    set_label,
+    task_function,
+    task_limits,
+)
 from .producer import PASS_THROUGH, load_call, queue_of
 
 if TYPE_CHECKING:
@@ -45,6 +55,7 @@ log = logging.getLogger("taskdedup")
 #: The keyword argument that tells the guard not to run this delivery.
 SKIP_KWARG = "__taskdedup_skip__"
 BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
+FULL_DELAY = 2.0  # seconds before a job that found its scope full at start is tried again
 ATTEMPT_LABEL = "taskdedup_attempt"
 _NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
@@ -141,8 +152,13 @@ class Worker:
         if policy is None and not label(message, SCOPE_LABEL):
             return message
         guard(task)
+        try:  # first: a job without a slot that finds its scope full is sent again later
+            slot = await self._take_slot(task, message, policy)
+        except QuotaExceeded:
+            self._defer_full(message)
+            return message
         if policy is None:
-            await self._start_slot(message, None, attempt)
+            self._hold_slot(message, slot, attempt)
             _mark_sync_run(task, message, attempt)
             return message
         admission = await self.mw.dedup.aclaim(
@@ -157,6 +173,8 @@ class Worker:
         if admission.handoff is not None:
             await self.hand_off(message, admission.key, admission.handoff)
         if not admission.should_run:
+            if slot is not None and admission.outcome not in ("busy", "running"):
+                await self._free_slot(slot)  # the job is over (a copy of a finished one)
             self._skip(policy, message, admission)
             return message
         if admission.key is not None:
@@ -170,27 +188,57 @@ class Worker:
             if admission.lease is not None:
                 self.heartbeat().add(admission.lease)
         if admission.should_run:
-            await self._start_slot(message, policy, attempt)
+            self._hold_slot(message, slot, attempt)
             _mark_sync_run(task, message, attempt)
         return message
 
-    async def _start_slot(
-        self, message: TaskiqMessage, policy: TaskPolicy | None, attempt: int
-    ) -> None:
-        """The job holds its scope's slot for one lease from now, renewed by the heartbeat."""
+    async def _take_slot(
+        self,
+        task: AsyncTaskiqDecoratedTask[Any, Any],
+        message: TaskiqMessage,
+        policy: TaskPolicy | None,
+    ) -> Lease | None:
+        """The job's slot for one lease from now (taken now if its reservation lapsed or it
+        was sent without one), None without a scope or a store; QuotaExceeded: scope full."""
         scope = label(message, SCOPE_LABEL)
         if not scope:
-            return
+            return None
         lease = policy.policy.lease_seconds if policy else self.mw.settings.default_lease
-        set_label(message, ATTEMPT_LABEL, attempt, parsed=True)
+        limits = task_limits(task)
+        cap = limits.max_concurrent if limits is not None else None
         try:
-            held = await self.mw.reservations.astart(scope, message.task_id, lease)
+            return await self.mw.reservations.astart(scope, message.task_id, lease, cap)
         except StoreUnavailable as exc:
             log.warning("taskdedup: could not renew the slot of %s: %s", message.task_id, exc)
+            return None
+
+    def _hold_slot(self, message: TaskiqMessage, held: Lease | None, attempt: int) -> None:
+        """The delivery runs: renew its slot by heartbeat until it ends."""
+        if held is None:
             return
+        set_label(message, ATTEMPT_LABEL, attempt, parsed=True)
         self.slots[(message.task_id, attempt)] = [held, False]
         self._end_with_this_delivery((message.task_id, attempt))
         self.heartbeat().add(held)
+
+    async def _free_slot(self, held: Lease) -> None:
+        try:
+            await self.mw.reservations.arelease(held.key, held.job_id)
+        except StoreUnavailable as exc:  # it lapses after the lease anyway
+            log.warning("taskdedup: could not free the slot of %s: %s", held.job_id, exc)
+
+    def _defer_full(self, message: TaskiqMessage) -> None:
+        """Do not run this delivery now: its scope is full and it holds no slot."""
+        message.kwargs[SKIP_KWARG] = "full"
+        self._send_again(message, FULL_DELAY)
+        log.info(
+            "taskdedup: not starting %s[%s]: it holds no slot and scope %s is full; "
+            "sent again in %gs",
+            message.task_name,
+            message.task_id,
+            label(message, SCOPE_LABEL),
+            FULL_DELAY,
+        )
 
     def _end_with_this_delivery(self, ident: tuple[str, int]) -> None:
         """If post_execute never runs for this delivery (another middleware raised first),
@@ -289,10 +337,7 @@ class Worker:
         self.heartbeat().discard(held)
         if retried or isinstance(result.error, NoResultError):  # a retry was sent or scheduled
             return
-        try:
-            await self.mw.reservations.arelease(held.key, held.job_id)
-        except StoreUnavailable as exc:  # it lapses after the lease anyway
-            log.warning("taskdedup: could not free the slot of %s: %s", held.job_id, exc)
+        await self._free_slot(held)
 
     # ------------------------------------------------------------------ not running
 
@@ -301,12 +346,7 @@ class Worker:
         message.kwargs[SKIP_KWARG] = admission.outcome
         if admission.outcome in ("busy", "running"):
             delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
-            copy = message.model_copy(deep=True)
-            copy.kwargs.pop(SKIP_KWARG, None)
-            copy.kwargs.pop(RUN_KWARG, None)
-            later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
-            self._later[later] = copy
-            later.add_done_callback(lambda done: self._later.pop(done, None))
+            self._send_again(message, delay)
             action = f"sent again in {delay:g}s"
         else:
             action = "dropped"
@@ -318,6 +358,15 @@ class Worker:
             admission.holder,
             action,
         )
+
+    def _send_again(self, message: TaskiqMessage, delay: float) -> None:
+        """Send a copy of this delivery (same id) after ``delay``; sent at once on close."""
+        copy = message.model_copy(deep=True)
+        copy.kwargs.pop(SKIP_KWARG, None)
+        copy.kwargs.pop(RUN_KWARG, None)
+        later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
+        self._later[later] = copy
+        later.add_done_callback(lambda done: self._later.pop(done, None))
 
     async def _send_later(self, message: TaskiqMessage, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -340,9 +389,11 @@ class Worker:
         args: list[Any] | None = None,
         kwargs: dict[str, Any] | None = None,
         drop_labels: tuple[str, ...] = (),
+        add_labels: dict[str, Any] | None = None,
     ) -> None:
         """Send ``message`` (or a variant of it) as it is: taskdedup does not deduplicate it."""
         labels = {k: v for k, v in message.labels.items() if k not in drop_labels}
+        labels.update(add_labels or {})
         kicker: AsyncKicker[Any, Any] = AsyncKicker(message.task_name, self.mw.broker, labels)
         token = PASS_THROUGH.set(True)
         try:
@@ -363,6 +414,7 @@ class Worker:
             args = list(message.args)
             kwargs = {k: v for k, v in message.kwargs.items() if k != SKIP_KWARG}
         ticket = Ticket("acquired", handoff.job_id, key, confirm=True)
+        scope = await self._reserve_owed(message.task_name, handoff.job_id, args, kwargs)
         try:
             await self.send(
                 message,
@@ -370,8 +422,11 @@ class Worker:
                 args=args,
                 kwargs=kwargs,
                 drop_labels=_NOT_HANDED_ON,
+                add_labels={SCOPE_LABEL: scope} if scope else None,
             )
         except Exception:  # the run in hand goes on; the rescheduled one is lost, loudly
+            if scope:
+                await self._free_slot(Lease(scope, handoff.job_id, 0, slot=True))
             await self.mw.dedup.apublish_failed(ticket)
             log.exception(
                 "taskdedup: could not send the rescheduled run of %s (reschedule_once)",
@@ -379,6 +434,26 @@ class Worker:
             )
             return
         self.mw.dedup.published(ticket)
+
+    async def _reserve_owed(
+        self, task_name: str, job_id: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> str | None:
+        """The scope of a run owed by reschedule_once, with a slot for it if one is free (a
+        full scope does not refuse it: it takes its slot when it starts)."""
+        task = self.mw.broker.find_task(task_name)
+        limits = task_limits(task) if task is not None else None
+        if task is None or limits is None:
+            return None
+        try:
+            scope = limits.scope_for(task_name, call_shape(task_function(task)), args, kwargs)
+        except Exception as exc:  # sent without a scope: it runs, uncapped
+            log.warning("taskdedup: no scope for the rescheduled run of %s: %s", task_name, exc)
+            return None
+        with contextlib.suppress(QuotaExceeded, StoreUnavailable):
+            await self.mw.reservations.areserve(
+                scope, limits.max_concurrent, limits.ttl_seconds, member=job_id
+            )
+        return scope
 
     async def close(self) -> None:
         """Stop beating; send the copies waiting to be sent again now, so none is lost."""

@@ -95,8 +95,12 @@ def test_retries_hold_the_lock_on_rabbitmq(app: Celery) -> None:
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
         job = flaky.delay(1)
         while not job.ready():
-            assert flaky.delay(1).id == job.id
+            dup = flaky.delay(1)
+            if dup.id != job.id:  # freed as its last attempt returned, before the result landed
+                assert 2 in attempts, "the retrying job lost its lock"
+                dup.get(timeout=20)
+                break
             time.sleep(0.05)
         assert job.get(timeout=20) == "ok"
-    assert attempts == [0, 1, 2]
+    assert attempts[:3] == [0, 1, 2]
     assert not flaky.delay(1).deduplicated

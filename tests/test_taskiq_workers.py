@@ -73,9 +73,9 @@ def start(
 ) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def launch(**env: str) -> WorkerProcess:
+    def launch(*options: str, **env: str) -> WorkerProcess:
         worker = WorkerProcess(
-            TASKIQ_WORKER, redis_url, key_prefix, tmp_path, children_ready, **env
+            [*TASKIQ_WORKER, *options], redis_url, key_prefix, tmp_path, children_ready, **env
         )
         started.append(worker)
         return worker
@@ -124,6 +124,31 @@ def test_kill_9_mid_job_frees_the_key_within_lease_plus_5_seconds(
     freed_after = run(with_broker(app, body))
     print(f"key free {freed_after:.2f}s after kill -9")
     assert freed_after <= lease + 5
+
+
+def test_a_sync_task_in_a_process_pool_holds_its_key_while_it_runs(
+    app_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    """``taskiq worker --use-process-pool``: the sync task runs in a pool process (another
+    pid than the worker's), its key is held meanwhile and free once it has finished."""
+    app = app_env(TD_BROKER="list")
+    worker = start("--use-process-pool", TD_BROKER="list")
+
+    async def body() -> None:
+        job = await app.sync_job.kiq("pool", 1.5)
+        pid = int(await asyncio.to_thread(wait_for, lambda: worker.mark("pid:pool"), 30, "start"))
+        receivers = worker.client.scan_iter(match=f"{worker.prefix}:mark:ready:*")
+        assert pid not in {int(name.rsplit(b":", 1)[1]) for name in receivers}  # a pool process
+        again = await app.sync_job.kiq("pool", 0)
+        assert again.deduplicated and again.task_id == job.task_id
+        result = await job.wait_result(timeout=30)
+        assert result.return_value == "pool" and not result.is_err
+        fresh = await app.sync_job.kiq("pool", 0)
+        assert not fresh.deduplicated
+        await fresh.wait_result(timeout=30)
+
+    run(with_broker(app, body))
+    assert worker.mark("runs:pool") == b"2"
 
 
 def test_list_queue_broker_32_concurrent_kiqs_push_one_message(

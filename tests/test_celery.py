@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -182,6 +183,43 @@ def test_reschedule_once_runs_once_more_with_the_latest_arguments(
         wait_for(lambda: len(runs) == 2, what="the rescheduled run")
         time.sleep(0.5)  # a wrong implementation would run a third time here
     assert runs == ["first", "third"]
+
+
+def test_a_busy_job_sent_again_by_the_worker_runs_after_the_holder(
+    redis_url: str, key_prefix: str, runs: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """until_and_while_executing: a job enqueued while the holder runs is busy at its start
+    and sent again later by the worker. That copy must reach the queue even though its own
+    lock (taken in the broker push, by another producer) is already marked as pushed."""
+    caplog.set_level(logging.INFO, logger="taskdedup")
+    started, release = threading.Event(), threading.Event()
+
+    def define(app: Celery) -> Any:
+        @deduplicate("until_and_while_executing", keys=["acct"], including_scheduled=True)
+        @app.task(name="t.sync", shared=False)
+        def sync(acct: int, note: str) -> str:
+            runs.append(note)
+            if note == "first":
+                started.set()
+                assert release.wait(20)
+            return note
+
+        return sync
+
+    producer, other_producer, worker = (make_app(redis_url, key_prefix) for _ in range(3))
+    for app in (producer, other_producer, worker):
+        install(app)
+    define(worker)
+    with start_worker(worker, pool="threads", concurrency=2, perform_ping_check=False):
+        first = define(producer).delay(1, "first")
+        assert started.wait(20)
+        second = define(other_producer).delay(1, "second")  # the key was freed at start
+        assert not second.deduplicated
+        wait_for(lambda: "busy" in caplog.text, 10, "second to find the key busy")
+        release.set()
+        assert first.get(timeout=20) == "first"
+        assert second.get(timeout=20) == "second"
+    assert runs == ["first", "second"]
 
 
 def test_while_executing_never_runs_two_jobs_of_a_key_at_once(app: Celery, runs: list[Any]) -> None:

@@ -9,13 +9,12 @@ before the error reaches the caller.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from kombu.utils.uuid import uuid
 
 from ..core import Ticket
-from ..errors import QuotaExceeded, StoreUnavailable
+from ..errors import StoreUnavailable
 from ..idempotency import Recall, fingerprint
 from ..policy import TaskPolicy
 from ..reservations import ReservePolicy
@@ -25,8 +24,6 @@ from .worker import release_slot
 
 if TYPE_CHECKING:
     from .publish import Publisher
-
-log = logging.getLogger("taskdedup")
 
 
 def publish_guarded(
@@ -39,12 +36,8 @@ def publish_guarded(
     policy: TaskPolicy | None,
     limits: ReservePolicy | None,
     idempotency: tuple[str, float | None] | None,
-    *,
-    owed: bool = False,
 ) -> Any:
-    """Publish one call through its idempotency key, dedup policy and reservation cap.
-    ``owed``: the run was accepted before (reschedule_once, a deferred copy), so a full scope
-    does not refuse it: it is sent without a slot and takes one when it starts."""
+    """Publish one call through its idempotency key, dedup policy and reservation cap."""
     integ = publisher.integration
     dedup = integ.dedup
     args, kwargs = args or (), kwargs or {}
@@ -71,8 +64,8 @@ def publish_guarded(
             if ticket.key is not None:
                 add_key(ticket.key, options)
         if limits is not None and scope is not None:
-            slot = _reserve(publisher, limits, scope, name, job_id, delay_of(options), owed)
-            if slot or owed:
+            slot = _reserve(publisher, limits, scope, name, job_id, delay_of(options))
+            if slot:
                 options["headers"] = {**(options.get("headers") or {}), SCOPE_HEADER: scope}
         result = publisher.original(name, args, kwargs, **options)
     except BaseException:  # refused, store down, publish failed: give back what was taken
@@ -124,25 +117,13 @@ def _reserve(
     task: str,
     job_id: str,
     delay: float,
-    owed: bool,
 ) -> bool:
-    """A slot for the job (until it starts: ttl, plus an ETA's delay), QuotaExceeded (False
-    for an owed run), or (store down) by on_store_error."""
+    """A slot for the job (until it starts: ttl, plus an ETA's delay), QuotaExceeded, or
+    (store down) by on_store_error."""
     integ = publisher.integration
     ttl = limits.ttl_seconds + delay
     try:
         integ.reservations.reserve(scope, limits.max_concurrent, ttl, member=job_id)
-    except QuotaExceeded:
-        if not owed:
-            raise
-        log.info(
-            "taskdedup: %s[%s] is owed a run; scope %s is full, so it is sent without "
-            "a slot and takes one when it starts",
-            task,
-            job_id,
-            scope,
-        )
-        return False
     except StoreUnavailable as exc:
         integ.dedup.store_unavailable(
             "reserve", task, exc, scope=scope, job=job_id

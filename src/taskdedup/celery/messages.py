@@ -12,9 +12,10 @@ from kombu import serialization
 
 KEY_HEADER = "taskdedup_key"
 SCOPE_HEADER = "taskdedup_scope"  # the reservation scope whose slot the job holds
-#: A publish option (never sent) for a run already accepted: a rescheduled run or a deferred
-#: copy. A full scope does not refuse it; the job takes its slot when it starts.
-OWED_OPTION = "taskdedup_owed"
+#: A publish option (never sent) of the worker's own publishes: a delivery sent again later
+#: (busy, its holder running, its scope full) or the run owed by reschedule_once. It goes out
+#: as it is: its lock and slot were settled by the worker, so no dedup and no cap apply.
+RESEND_OPTION = "taskdedup_resend"
 
 
 def dump_call(args: Any, kwargs: Any, serializer: str) -> str:

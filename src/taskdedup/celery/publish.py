@@ -26,7 +26,7 @@ from ..stores.redis import RedisStore
 from .guarded import publish_guarded
 from .messages import (
     KEY_HEADER,
-    OWED_OPTION,
+    RESEND_OPTION,
     SCOPE_HEADER,
     add_key,
     delay_of,
@@ -56,7 +56,8 @@ class Publisher:
         integ = self.integration
         idempotency_key = options.pop("idempotency_key", None)
         idempotency_ttl = options.pop("idempotency_ttl", None)
-        owed = options.pop(OWED_OPTION, False)
+        if options.pop(RESEND_OPTION, False):  # the worker's own publish: as it is
+            return self.original(name, args, kwargs, **options)
         task = integ.app.tasks.get(name)
         policy = limits = None
         if task is not None and not any(options.get(option) for option in CANVAS_OPTIONS):
@@ -74,7 +75,7 @@ class Publisher:
             if idempotency_key is not None:
                 idempotency = (idempotency_key, idempotency_ttl)
             return publish_guarded(
-                self, task, name, args, kwargs, options, policy, limits, idempotency, owed=owed
+                self, task, name, args, kwargs, options, policy, limits, idempotency
             )
         assert policy is not None
         dedup = integ.dedup

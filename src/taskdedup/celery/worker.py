@@ -10,18 +10,19 @@ true (if the holder died meanwhile, the copy takes over once the lease has lapse
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from ..core import Admission
+from ..core import Admission, Ticket
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease
-from .messages import KEY_HEADER, OWED_OPTION, SCOPE_HEADER, load_call
-from .tasks import task_limits, task_policy
+from .messages import KEY_HEADER, RESEND_OPTION, SCOPE_HEADER, load_call
+from .tasks import task_function, task_limits, task_policy
 
 if TYPE_CHECKING:
     from .integration import CeleryDedup
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("taskdedup")
 BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
 FULL_DELAY = 2.0  # seconds before a job that found its scope full at start is tried again
-OWED = {OWED_OPTION: True}  # publish options of a run already accepted
+RESEND = {RESEND_OPTION: True}  # publish options of the worker's own publishes
 
 
 def wrap_task(integ: CeleryDedup, task: Any) -> None:
@@ -132,8 +133,7 @@ class Worker:
             log.warning("taskdedup: could not renew the slot of %s: %s", task.request.id, exc)
             return None
         except QuotaExceeded:
-            later = task.signature_from_request(task.request, args, kwargs, countdown=FULL_DELAY)
-            later.apply_async(**OWED)
+            resend(task, args, kwargs, FULL_DELAY)
             log.info(
                 "taskdedup: not starting %s[%s]: it holds no slot and scope %s is full; "
                 "sent again in %gs",
@@ -159,23 +159,50 @@ class Worker:
             self._publish_handoff(task, admission.key, done.handoff)
 
     def _publish_handoff(self, task: Any, key: str | None, handoff: Any) -> None:
-        """Publish the one rescheduled run (reschedule_once) under the id the lock holds.
-        A failure to publish it is logged; the run in hand goes on (its lock was freed by
-        the failed publish, G5)."""
+        """Publish the one rescheduled run (reschedule_once) under the id the lock holds,
+        with a slot of its scope if one is free (a full scope does not refuse a run that was
+        accepted: it waits for its slot when it starts). A failure to publish it frees its
+        lock and slot and is logged; the run in hand goes on."""
+        if key is None:
+            return
         if handoff.payload is not None:
             args, kwargs = load_call(handoff.payload)
         else:
             args, kwargs = task.request.args, task.request.kwargs
+        headers = {KEY_HEADER: key}
+        scope = self._reserve_owed(task, handoff.job_id, args, kwargs)
+        if scope is not None:
+            headers[SCOPE_HEADER] = scope
+        ticket = Ticket("acquired", handoff.job_id, key, confirm=True)
         try:
-            task.apply_async(
-                args, kwargs, task_id=handoff.job_id, headers={KEY_HEADER: key}, **OWED
-            )
+            task.apply_async(args, kwargs, task_id=handoff.job_id, headers=headers, **RESEND)
         except Exception:
+            if scope is not None:
+                release_slot(self.integ, scope, handoff.job_id)
+            self.integ.dedup.publish_failed(ticket)
             log.exception(
                 "taskdedup: could not publish the rescheduled run %s[%s] (reschedule_once)",
                 task.name,
                 handoff.job_id,
             )
+            return
+        self.integ.dedup.published(ticket)
+
+    def _reserve_owed(self, task: Any, job_id: str, args: Any, kwargs: Any) -> str | None:
+        """The scope of an owed run, with a slot for it if one is free."""
+        limits = task_limits(task)
+        if limits is None:
+            return None
+        try:
+            scope = limits.scope_for(task.name, task_function(task), args or (), kwargs or {})
+        except Exception as exc:  # sent without a scope: it runs, uncapped
+            log.warning("taskdedup: no scope for the rescheduled run of %s: %s", task.name, exc)
+            return None
+        with contextlib.suppress(QuotaExceeded, StoreUnavailable):
+            self.integ.reservations.reserve(
+                scope, limits.max_concurrent, limits.ttl_seconds, member=job_id
+            )
+        return scope
 
     def _skip(
         self, task: Any, policy: TaskPolicy, admission: Admission, args: Any, kwargs: Any
@@ -185,9 +212,7 @@ class Worker:
         the lease); a copy of a finished job is dropped."""
         if admission.outcome in ("busy", "running"):
             delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
-            # the same message again (id, queue, callbacks, chain, headers), only later
-            later = task.signature_from_request(task.request, args, kwargs, countdown=delay)
-            later.apply_async(**OWED)
+            resend(task, args, kwargs, delay)
             action = f"deferred {delay:g}s"
         else:
             action = "dropped"
@@ -200,6 +225,18 @@ class Worker:
             action,
         )
         raise Ignore()
+
+
+def resend(task: Any, args: Any, kwargs: Any, delay: float) -> None:
+    """The running delivery again, ``delay`` seconds from now: same id, queue, callbacks,
+    chain and headers. It goes out as it is (no dedup, no cap): the worker settled its lock."""
+    request = task.request
+    headers = dict(request.headers or {})
+    for name in (KEY_HEADER, SCOPE_HEADER):
+        if header(request, name):
+            headers[name] = header(request, name)
+    later = task.signature_from_request(request, args, kwargs, countdown=delay, headers=headers)
+    later.apply_async(**RESEND)
 
 
 def header(request: Any, name: str) -> Any:

@@ -17,7 +17,7 @@ from taskiq.abc.middleware import TaskiqMiddleware
 from taskiq.state import TaskiqState
 from taskiq_redis import ListQueueBroker, RedisAsyncResultBackend, RedisStreamBroker
 
-from taskdedup.taskiq import DedupMiddleware, deduplicate
+from taskdedup.taskiq import DedupMiddleware, deduplicate, reserve
 
 URL = os.environ["TD_REDIS_URL"]
 PREFIX = os.environ["TD_PREFIX"]
@@ -98,3 +98,12 @@ async def flaky(name: str, context: Context = CONTEXT) -> str:
     if attempt < 2:
         raise RuntimeError(f"attempt {attempt} fails")
     return f"{name} after {attempt} retries"
+
+
+@reserve(max_concurrent=1, scope="tenant", ttl=0.5)
+@deduplicate("until_executed", keys=["tenant"])
+@broker.task(task_name="sub.capped")
+async def capped(tenant: str) -> str:
+    """At most one per tenant; its reservation lapses after 0.5 s in the queue."""
+    count(f"runs:{tenant}")
+    return tenant

@@ -335,7 +335,7 @@ def test_a_job_whose_reservation_lapsed_waits_for_a_slot_when_the_scope_is_full(
         outsider.release()
         await until(lambda: runs, what="the job to run once the slot is free")
         assert runs == [[job.task_id]]
-        assert delivered(broker).count(job.task_id) == 2  # the deferred copy ran
+        assert delivered(broker).count(job.task_id) >= 2  # a copy sent again ran
 
     run(started(broker, body))
 

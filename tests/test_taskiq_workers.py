@@ -143,12 +143,58 @@ def test_a_sync_task_in_a_process_pool_holds_its_key_while_it_runs(
         assert again.deduplicated and again.task_id == job.task_id
         result = await job.wait_result(timeout=30)
         assert result.return_value == "pool" and not result.is_err
+        # the finished job sent again: skipped inside the pool, which must survive that
+        await app.sync_job.kicker().with_task_id(job.task_id).kiq("pool", 0)
+        skipped = f"{job.task_id}]: done"
+        await asyncio.to_thread(
+            wait_for, lambda: skipped in worker.log_path.read_text(), 30, "the copy to be skipped"
+        )
         fresh = await app.sync_job.kiq("pool", 0)
         assert not fresh.deduplicated
         await fresh.wait_result(timeout=30)
 
     run(with_broker(app, body))
     assert worker.mark("runs:pool") == b"2"
+
+
+def test_kill_9_while_a_job_waits_for_a_full_scope_loses_nothing(
+    app_env: Any, start: Callable[..., WorkerProcess], key_prefix: str
+) -> None:
+    """A job whose reservation lapsed in the queue finds its scope full at start and waits
+    to be sent again. The worker is killed in that wait: on a broker with acknowledgements
+    the delivery was not acknowledged, so another worker gets it and runs it once."""
+    from taskdedup import ReservationGuard
+
+    env = {"TD_BROKER": "stream", "TD_IDLE_MS": "1000"}
+    app = app_env(**env)
+    guard = ReservationGuard(app.dedup.dedup.store)
+
+    async def body() -> None:
+        job = await app.capped.kiq("acme")
+        await asyncio.to_thread(
+            wait_for, lambda: not guard.active("tenant=acme"), 10, "the reservation to lapse"
+        )
+        outsider = guard.reserve("tenant=acme", 1, ttl=60)  # the scope is full again
+        first = start(**env)
+        await asyncio.to_thread(
+            wait_for, lambda: "is full" in first.log_path.read_text(), 30, "the job to wait"
+        )
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        outsider.release()
+        second = start(**env)
+
+        def ran() -> bool:
+            # taskiq-redis looks for unacknowledged messages only after a read that returned
+            # something: keep it reading
+            asyncio.run_coroutine_threadsafe(app.capped.kiq(f"other-{time.monotonic()}"), loop)
+            return second.mark("runs:acme") == b"1"
+
+        loop = asyncio.get_running_loop()
+        await asyncio.to_thread(wait_for, ran, 60, "the job to run on the other worker")
+        assert (await job.wait_result(timeout=30)).return_value == "acme"
+
+    run(with_broker(app, body))
 
 
 def test_list_queue_broker_32_concurrent_kiqs_push_one_message(

@@ -2,11 +2,13 @@
 
 A taskiq middleware cannot stop the receiver from calling the task, so each deduplicated task's
 function gets a thin guard: a delivery that must not run carries a marker keyword argument, and
-the guard raises taskiq's ``NoResultError`` for it instead of calling the function. taskiq then
-writes no result (the holder's stays), the retry middlewares leave it alone, and the message is
-acknowledged as usual. A copy whose holder still runs, or a while_executing job whose key is
-busy, is sent again later under the same id (if the holder died meanwhile, it takes over after
-the lease); a copy of a finished job is dropped (G7).
+the guard raises taskiq's ``NoResultError`` (a kind that pickles) instead of calling the
+function. taskiq then writes no result (the holder's stays), the retry middlewares leave it
+alone, and the message is acknowledged as usual. A copy whose holder still runs, a
+while_executing job whose key is busy, or a job whose scope is full is sent again later under
+the same id (if the holder died meanwhile, the copy takes over after the lease); the delivery
+is held until its copy is in the broker, so a worker that dies meanwhile loses nothing a
+broker with acknowledgements would not redeliver. A copy of a finished job is dropped (G7).
 
 The lock is finished in ``post_execute``, which runs after every middleware's ``on_error``: by
 then a retry middleware has re-sent the job (seen by the producer side, which keeps the lock)
@@ -72,6 +74,15 @@ def _still_running(ident: str) -> bool:
         return ident in _running
 
 
+class Skipped(NoResultError):
+    """taskiq's NoResultError for a delivery that must not run. Unlike taskiq's own it
+    survives pickling, so a process pool can hand it back (an exception that does not
+    unpickle breaks the whole pool)."""
+
+    def __reduce__(self) -> tuple[type[Skipped], tuple[()]]:
+        return (type(self), ())
+
+
 class _SyncGuard:
     """The guard of a sync task function (a class, so a process pool can pickle it)."""
 
@@ -83,7 +94,7 @@ class _SyncGuard:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.pop(SKIP_KWARG, None) is not None:
-            raise NoResultError()
+            raise Skipped()
         ident = kwargs.pop(RUN_KWARG, None)
         if ident is None:
             return self.fn(*args, **kwargs)
@@ -106,7 +117,7 @@ def guard(task: AsyncTaskiqDecoratedTask[Any, Any]) -> None:
         @functools.wraps(fn)
         async def run(*args: Any, **kwargs: Any) -> Any:
             if kwargs.pop(SKIP_KWARG, None) is not None:
-                raise NoResultError()
+                raise Skipped()
             return await fn(*args, **kwargs)
 
         run.__taskdedup_guard__ = True  # type: ignore[attr-defined]
@@ -135,7 +146,7 @@ class Worker:
         self.slots: dict[tuple[str, int], list[Any]] = {}  # [slot lease, retried]
         self._threads: set[asyncio.Task[None]] = set()  # waiting for a timed-out sync task
         self._heartbeat: AsyncHeartbeat | None = None
-        self._later: dict[asyncio.Task[None], TaskiqMessage] = {}
+        self._later: set[asyncio.Task[None]] = set()  # copies waiting to be sent again
 
     def heartbeat(self) -> AsyncHeartbeat:
         if self._heartbeat is None:
@@ -155,7 +166,7 @@ class Worker:
         try:  # first: a job without a slot that finds its scope full is sent again later
             slot = await self._take_slot(task, message, policy)
         except QuotaExceeded:
-            self._defer_full(message)
+            await self._defer_full(message)
             return message
         if policy is None:
             self._hold_slot(message, slot, attempt)
@@ -175,7 +186,7 @@ class Worker:
         if not admission.should_run:
             if slot is not None and admission.outcome not in ("busy", "running"):
                 await self._free_slot(slot)  # the job is over (a copy of a finished one)
-            self._skip(policy, message, admission)
+            await self._skip(policy, message, admission)
             return message
         if admission.key is not None:
             set_label(message, KEY_LABEL, admission.key, parsed=True)
@@ -227,10 +238,9 @@ class Worker:
         except StoreUnavailable as exc:  # it lapses after the lease anyway
             log.warning("taskdedup: could not free the slot of %s: %s", held.job_id, exc)
 
-    def _defer_full(self, message: TaskiqMessage) -> None:
+    async def _defer_full(self, message: TaskiqMessage) -> None:
         """Do not run this delivery now: its scope is full and it holds no slot."""
         message.kwargs[SKIP_KWARG] = "full"
-        self._send_again(message, FULL_DELAY)
         log.info(
             "taskdedup: not starting %s[%s]: it holds no slot and scope %s is full; "
             "sent again in %gs",
@@ -239,6 +249,7 @@ class Worker:
             label(message, SCOPE_LABEL),
             FULL_DELAY,
         )
+        await self._send_again(message, FULL_DELAY)
 
     def _end_with_this_delivery(self, ident: tuple[str, int]) -> None:
         """If post_execute never runs for this delivery (another middleware raised first),
@@ -341,42 +352,43 @@ class Worker:
 
     # ------------------------------------------------------------------ not running
 
-    def _skip(self, policy: TaskPolicy, message: TaskiqMessage, admission: Admission) -> None:
+    async def _skip(self, policy: TaskPolicy, message: TaskiqMessage, admission: Admission) -> None:
         """Do not run this delivery; a copy of a running job, or a busy one, comes back later."""
         message.kwargs[SKIP_KWARG] = admission.outcome
+        delay = None
         if admission.outcome in ("busy", "running"):
             delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
-            self._send_again(message, delay)
-            action = f"sent again in {delay:g}s"
-        else:
-            action = "dropped"
         log.info(
             "taskdedup: not running %s[%s]: %s (holder %s), %s",
             message.task_name,
             message.task_id,
             admission.outcome,
             admission.holder,
-            action,
+            "dropped" if delay is None else f"sent again in {delay:g}s",
         )
+        if delay is not None:
+            await self._send_again(message, delay)
 
-    def _send_again(self, message: TaskiqMessage, delay: float) -> None:
-        """Send a copy of this delivery (same id) after ``delay``; sent at once on close."""
+    async def _send_again(self, message: TaskiqMessage, delay: float) -> None:
+        """Send a copy of this delivery (same id) after ``delay``, holding the delivery until
+        then (a broker with acknowledgements redelivers it if the worker dies meanwhile); a
+        worker that stops sends it at once."""
         copy = message.model_copy(deep=True)
         copy.kwargs.pop(SKIP_KWARG, None)
         copy.kwargs.pop(RUN_KWARG, None)
         later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
-        self._later[later] = copy
-        later.add_done_callback(lambda done: self._later.pop(done, None))
+        self._later.add(later)
+        later.add_done_callback(self._later.discard)
+        await asyncio.shield(later)
 
     async def _send_later(self, message: TaskiqMessage, delay: float) -> None:
-        await asyncio.sleep(delay)
-        self._later.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+        with contextlib.suppress(asyncio.CancelledError):  # stopping: send it now, not never
+            await asyncio.sleep(delay)
         try:
             await self.send(message)
         except Exception:
             log.exception(
-                "taskdedup: could not send %s[%s] again: the copy is lost (its holder's own "
-                "message is not)",
+                "taskdedup: could not send %s[%s] again: this delivery is not run",
                 message.task_name,
                 message.task_id,
             )
@@ -459,17 +471,10 @@ class Worker:
         """Stop beating; send the copies waiting to be sent again now, so none is lost."""
         for thread in list(self._threads):  # its lock and slot lapse after their lease
             thread.cancel()
-        waiting, self._later = self._later, {}
-        for later, message in waiting.items():
-            later.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await later
-            try:
-                await self.send(message)
-            except Exception:
-                log.exception(
-                    "taskdedup: could not send %s[%s] again", message.task_name, message.task_id
-                )
+        waiting = list(self._later)
+        for later in waiting:
+            later.cancel()  # each sends its copy now
+        await asyncio.gather(*waiting, return_exceptions=True)
         if self._heartbeat is not None:
             await self._heartbeat.stop()
             self._heartbeat = None

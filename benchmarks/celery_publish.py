@@ -116,7 +116,8 @@ def run(url: str, n: int = 4000, rounds: int = 20) -> list[Row]:
                     samples.setdefault(f"{name}, {label}", []).extend(row.samples_ns)
         return [Row(GROUP, name, values) for name, values in samples.items()]
     finally:
-        for prefix in prefixes.values():
-            for key in client.scan_iter(match=prefix + "*", count=1000):
-                client.unlink(key)
+        for prefix in prefixes.values():  # celery-once names its keys "qo_<task name>..."
+            for pattern in (prefix + "*", "qo_" + prefix + "*"):
+                for key in client.scan_iter(match=pattern, count=1000):
+                    client.unlink(key)
         client.close()

@@ -55,3 +55,35 @@ def test_the_default_is_to_publish_anyway(silent_url: str) -> None:
     store = RedisStore.from_url(silent_url, socket_timeout=0.3)
     ticket = asyncio.run(Deduplicator(store).aenqueue(POLICY, ("abc",)))
     assert ticket.should_publish and ticket.outcome == "store_unavailable"
+
+
+def test_after_a_timeout_each_asyncio_call_still_gets_its_own_answer(
+    private_redis_url: str,
+) -> None:
+    """A call cut off by the deadline leaves no reply behind on a connection that a later call
+    would read as its own (the store's asyncio calls share one quick connection when free)."""
+    import redis
+
+    store = RedisStore.from_url(private_redis_url, socket_timeout=0.3)
+    dedup = Deduplicator(store, Settings(on_store_error="raise"))
+    admin = redis.Redis.from_url(private_redis_url)
+
+    async def main() -> None:
+        first = await dedup.aenqueue(POLICY, ("a",), job_id="job-a")
+        admin.client_pause(1500)  # Redis stops answering for 1.5 s
+        with pytest.raises(StoreUnavailable):
+            await dedup.aenqueue(POLICY, ("b",), job_id="job-b")
+        deadline = time.monotonic() + 10
+        while True:  # the same questions again, once Redis answers
+            try:
+                again = await dedup.aenqueue(POLICY, ("a",), job_id="job-a2")
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline, "Redis never answered again"
+        assert again.deduplicated and again.job_id == first.job_id
+        other = await dedup.aenqueue(POLICY, ("c",), job_id="job-c")
+        assert other.acquired and other.job_id == "job-c"
+        await store.aclose()
+
+    asyncio.run(main())
+    admin.close()

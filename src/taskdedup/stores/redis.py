@@ -54,6 +54,13 @@ _UNAVAILABLE = (
 )
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class _OneConnection(redis.asyncio.Redis):
     """redis-py's asyncio client on one connection of its own. Collected after its event
     loop has closed, redis-py's would close that connection on the closed loop and raise; the
@@ -93,6 +100,8 @@ class RedisStore(Store):
         self._options = client_options or {}
         self._client = client
         self._async_client = async_client
+        self._given_async = async_client is not None  # used as it is, whatever the loop
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the made ones run
         #: Deadline of each asyncio operation, for the asyncio clients this store makes itself.
         self._async_timeout: float | None = None
         self._threaded = False  # no asyncio client could be derived from the sync one
@@ -124,10 +133,16 @@ class RedisStore(Store):
 
     @property
     def async_client(self) -> Any:
-        """The asyncio client, or None when asyncio calls run the sync client in a thread."""
-        if self._async_client is None and not self._threaded:
-            self._async_client = self._make_client(asynchronous=True)
-            self._threaded = self._async_client is None
+        """The asyncio client of the running event loop, or None when asyncio calls run the
+        sync client in a thread. redis-py's asyncio clients are bound to the loop they first
+        ran on, so a store used from another loop (a second ``asyncio.run``) makes new ones."""
+        if not self._given_async and not self._threaded:
+            loop = _running_loop()
+            if self._async_client is None or (loop is not None and loop is not self._loop):
+                self._loop = loop
+                self._quick, self._quick_busy = None, False  # the old loop's, left to it
+                self._async_client = self._make_client(asynchronous=True)
+                self._threaded = self._async_client is None
         return self._async_client
 
     def _make_client(self, *, asynchronous: bool) -> Any:

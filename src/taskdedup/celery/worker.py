@@ -231,7 +231,7 @@ def resend(task: Any, args: Any, kwargs: Any, delay: float) -> None:
     """The running delivery again, ``delay`` seconds from now: same id, queue, callbacks,
     chain and headers. It goes out as it is (no dedup, no cap): the worker settled its lock."""
     request = task.request
-    headers = dict(request.headers or {})
+    headers = dict(request.as_execution_options().get("headers") or {})  # x-death filtered out
     for name in (KEY_HEADER, SCOPE_HEADER):
         if header(request, name):
             headers[name] = header(request, name)

@@ -6,9 +6,10 @@ the guard raises taskiq's ``NoResultError`` (a kind that pickles) instead of cal
 function. taskiq then writes no result (the holder's stays), the retry middlewares leave it
 alone, and the message is acknowledged as usual. A copy whose holder still runs, a
 while_executing job whose key is busy, or a job whose scope is full is sent again later under
-the same id (if the holder died meanwhile, the copy takes over after the lease); the delivery
-is held until its copy is in the broker, so a worker that dies meanwhile loses nothing a
-broker with acknowledgements would not redeliver. A copy of a finished job is dropped (G7).
+the same id (if the holder died meanwhile, the copy takes over after the lease); a short wait
+holds the delivery until its copy is in the broker, so a worker that dies meanwhile loses
+nothing a broker with acknowledgements would not redeliver. A copy of a finished job is
+dropped (G7).
 
 The lock is finished in ``post_execute``, which runs after every middleware's ``on_error``: by
 then a retry middleware has re-sent the job (seen by the producer side, which keeps the lock)
@@ -58,6 +59,10 @@ log = logging.getLogger("taskdedup")
 SKIP_KWARG = "__taskdedup_skip__"
 BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
 FULL_DELAY = 2.0  # seconds before a job that found its scope full at start is tried again
+#: A delivery sent again within this many seconds is held unacknowledged until its copy is
+#: out; a longer wait (a copy of a running job: lease + 1 s) is not held, so that a worker
+#: stopping gracefully is not kept waiting (it sends such copies at once).
+HOLD_AT_MOST = FULL_DELAY
 ATTEMPT_LABEL = "taskdedup_attempt"
 _NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
@@ -370,16 +375,17 @@ class Worker:
             await self._send_again(message, delay)
 
     async def _send_again(self, message: TaskiqMessage, delay: float) -> None:
-        """Send a copy of this delivery (same id) after ``delay``, holding the delivery until
-        then (a broker with acknowledgements redelivers it if the worker dies meanwhile); a
-        worker that stops sends it at once."""
+        """Send a copy of this delivery (same id) after ``delay``; a short wait holds the
+        delivery until then (a broker with acknowledgements redelivers it if the worker dies
+        meanwhile); a worker that stops sends the copies still waiting at once."""
         copy = message.model_copy(deep=True)
         copy.kwargs.pop(SKIP_KWARG, None)
         copy.kwargs.pop(RUN_KWARG, None)
         later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
         self._later.add(later)
         later.add_done_callback(self._later.discard)
-        await asyncio.shield(later)
+        if delay <= HOLD_AT_MOST:
+            await asyncio.shield(later)
 
     async def _send_later(self, message: TaskiqMessage, delay: float) -> None:
         with contextlib.suppress(asyncio.CancelledError):  # stopping: send it now, not never

@@ -107,3 +107,11 @@ async def capped(tenant: str) -> str:
     """At most one per tenant; its reservation lapses after 0.5 s in the queue."""
     count(f"runs:{tenant}")
     return tenant
+
+
+@broker.task(task_name="sub.leased", deduplicate={"strategy": "until_executed", "lease": 20})
+async def leased(name: str, seconds: float) -> str:
+    """A long lease: a second delivery while it runs is sent again only after 21 s."""
+    count(f"runs:{name}")
+    await asyncio.sleep(seconds)
+    return name

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -195,6 +196,33 @@ def test_kill_9_while_a_job_waits_for_a_full_scope_loses_nothing(
         assert (await job.wait_result(timeout=30)).return_value == "acme"
 
     run(with_broker(app, body))
+
+
+def test_a_graceful_stop_does_not_wait_out_a_copy_of_a_running_job(
+    app_env: Any, start: Callable[..., WorkerProcess], redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """A second delivery of a running job comes back after the lease (here 21 s). A worker
+    told to stop meanwhile sends that copy at once and exits, instead of holding it."""
+    app = app_env(TD_BROKER="list")
+    worker = start(TD_BROKER="list")
+
+    async def body() -> float:
+        job_id = uuid.uuid4().hex
+        await app.leased.kicker().with_task_id(job_id).kiq("held", 2)
+        await asyncio.to_thread(wait_for, lambda: worker.mark("runs:held"), 30, "the job")
+        await app.leased.kicker().with_task_id(job_id).kiq("held", 2)  # a second delivery
+        await asyncio.to_thread(
+            wait_for, lambda: "running (holder" in worker.log_path.read_text(), 30, "the copy"
+        )
+        asked_at = time.monotonic()
+        os.killpg(worker.proc.pid, signal.SIGTERM)
+        await asyncio.to_thread(worker.proc.wait, 60)
+        return time.monotonic() - asked_at
+
+    stopped_after = run(with_broker(app, body))
+    assert stopped_after < 15, f"the worker took {stopped_after:.1f}s to stop"
+    assert worker.mark("runs:held") == b"1"
+    assert redis_client.llen(f"{key_prefix}-q") == 1  # the copy, sent as the worker stopped
 
 
 def test_list_queue_broker_32_concurrent_kiqs_push_one_message(

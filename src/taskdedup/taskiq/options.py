@@ -38,6 +38,13 @@ FENCE_LABEL = "taskdedup_fence"
 #: Per call: ``.kicker().with_labels(idempotency_key="ci-build-1", idempotency_ttl=3600)``.
 IDEMPOTENCY_KEY_LABEL = "idempotency_key"
 IDEMPOTENCY_TTL_LABEL = "idempotency_ttl"
+#: The worker's label for the attempt a delivery claimed (the retry middlewares bump theirs).
+ATTEMPT_LABEL = "taskdedup_attempt"
+#: The keyword argument that tells the guard not to run this delivery.
+SKIP_KWARG = "__taskdedup_skip__"
+#: The keyword argument that names a sync delivery, so the worker can tell when its thread
+#: ends (a ``timeout`` label stops waiting for the thread, not the thread itself).
+RUN_KWARG = "__taskdedup_run__"
 #: The reservation cap (``@broker.task(reserve={...})`` or ``@reserve(...)``), and the scope
 #: whose slot a sent job holds (set by taskdedup).
 RESERVE_LABEL = "reserve"

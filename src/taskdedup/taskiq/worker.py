@@ -6,10 +6,8 @@ the guard raises taskiq's ``NoResultError`` (a kind that pickles) instead of cal
 function. taskiq then writes no result (the holder's stays), the retry middlewares leave it
 alone, and the message is acknowledged as usual. A copy whose holder still runs, a
 while_executing job whose key is busy, or a job whose scope is full is sent again later under
-the same id (if the holder died meanwhile, the copy takes over after the lease); a short wait
-holds the delivery until its copy is in the broker, so a worker that dies meanwhile loses
-nothing a broker with acknowledgements would not redeliver. A copy of a finished job is
-dropped (G7).
+the same id (``resend``; if the holder died meanwhile, the copy takes over after the lease).
+A copy of a finished job is dropped (G7).
 
 The lock is finished in ``post_execute``, which runs after every middleware's ``on_error``: by
 then a retry middleware has re-sent the job (seen by the producer side, which keeps the lock)
@@ -19,7 +17,6 @@ or not, whatever the order of the middlewares (G6).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -29,47 +26,37 @@ from typing import TYPE_CHECKING, Any
 
 from taskiq.decor import AsyncTaskiqDecoratedTask
 from taskiq.exceptions import NoResultError
-from taskiq.kicker import AsyncKicker
 from taskiq.message import TaskiqMessage
 from taskiq.result import TaskiqResult
 
 from ..background import AsyncHeartbeat
-from ..core import Admission, Ticket
+from ..core import Admission
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
-from ..stores.base import Handoff, Lease
+from ..stores.base import Lease
 from .options import (
+    ATTEMPT_LABEL,
     FENCE_LABEL,
     KEY_LABEL,
     RETRIES_LABEL,
+    RUN_KWARG,
     SCOPE_LABEL,
-    call_shape,
+    SKIP_KWARG,
     label,
     set_label,
-    task_function,
     task_limits,
 )
-from .producer import PASS_THROUGH, load_call, queue_of
+from .producer import queue_of
+from .resend import Resender
 
 if TYPE_CHECKING:
     from .middleware import DedupMiddleware
 
 log = logging.getLogger("taskdedup")
-#: The keyword argument that tells the guard not to run this delivery.
-SKIP_KWARG = "__taskdedup_skip__"
 BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
 FULL_DELAY = 2.0  # seconds before a job that found its scope full at start is tried again
-#: A delivery sent again within this many seconds is held unacknowledged until its copy is
-#: out; a longer wait (a copy of a running job: lease + 1 s) is not held, so that a worker
-#: stopping gracefully is not kept waiting (it sends such copies at once).
-HOLD_AT_MOST = FULL_DELAY
-ATTEMPT_LABEL = "taskdedup_attempt"
-_NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
 
-#: The keyword argument that names a sync delivery, so the worker can tell when its thread
-#: ends (a ``timeout`` label stops waiting for the thread, not the thread itself).
-RUN_KWARG = "__taskdedup_run__"
 _running: set[str] = set()  # sync deliveries whose thread is still in the task function
 _running_mutex = threading.Lock()
 
@@ -151,7 +138,7 @@ class Worker:
         self.slots: dict[tuple[str, int], list[Any]] = {}  # [slot lease, retried]
         self._threads: set[asyncio.Task[None]] = set()  # waiting for a timed-out sync task
         self._heartbeat: AsyncHeartbeat | None = None
-        self._later: set[asyncio.Task[None]] = set()  # copies waiting to be sent again
+        self.resender = Resender(middleware)
 
     def heartbeat(self) -> AsyncHeartbeat:
         if self._heartbeat is None:
@@ -187,7 +174,7 @@ class Worker:
             attempt=attempt,
         )
         if admission.handoff is not None:
-            await self.hand_off(message, admission.key, admission.handoff)
+            await self.resender.hand_off(message, admission.key, admission.handoff)
         if not admission.should_run:
             if slot is not None and admission.outcome not in ("busy", "running"):
                 await self._free_slot(slot)  # the job is over (a copy of a finished one)
@@ -254,7 +241,7 @@ class Worker:
             label(message, SCOPE_LABEL),
             FULL_DELAY,
         )
-        await self._send_again(message, FULL_DELAY)
+        await self.resender.later(message, FULL_DELAY)
 
     def _end_with_this_delivery(self, ident: tuple[str, int]) -> None:
         """If post_execute never runs for this delivery (another middleware raised first),
@@ -343,7 +330,7 @@ class Worker:
             return
         done = await dedup.afinish(run.policy, key, message.task_id, attempt=attempt)
         if done.handoff is not None:
-            await self.hand_off(message, key, done.handoff)
+            await self.resender.hand_off(message, key, done.handoff)
 
     async def _end_slot(self, result: TaskiqResult[Any], slot: list[Any] | None) -> None:
         """Free the job's slot when it ended for good; a retry keeps it (renewed when sent)."""
@@ -372,115 +359,13 @@ class Worker:
             "dropped" if delay is None else f"sent again in {delay:g}s",
         )
         if delay is not None:
-            await self._send_again(message, delay)
-
-    async def _send_again(self, message: TaskiqMessage, delay: float) -> None:
-        """Send a copy of this delivery (same id) after ``delay``; a short wait holds the
-        delivery until then (a broker with acknowledgements redelivers it if the worker dies
-        meanwhile); a worker that stops sends the copies still waiting at once."""
-        copy = message.model_copy(deep=True)
-        copy.kwargs.pop(SKIP_KWARG, None)
-        copy.kwargs.pop(RUN_KWARG, None)
-        later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
-        self._later.add(later)
-        later.add_done_callback(self._later.discard)
-        if delay <= HOLD_AT_MOST:
-            await asyncio.shield(later)
-
-    async def _send_later(self, message: TaskiqMessage, delay: float) -> None:
-        with contextlib.suppress(asyncio.CancelledError):  # stopping: send it now, not never
-            await asyncio.sleep(delay)
-        try:
-            await self.send(message)
-        except Exception:
-            log.exception(
-                "taskdedup: could not send %s[%s] again: this delivery is not run",
-                message.task_name,
-                message.task_id,
-            )
-
-    async def send(
-        self,
-        message: TaskiqMessage,
-        *,
-        task_id: str | None = None,
-        args: list[Any] | None = None,
-        kwargs: dict[str, Any] | None = None,
-        drop_labels: tuple[str, ...] = (),
-        add_labels: dict[str, Any] | None = None,
-    ) -> None:
-        """Send ``message`` (or a variant of it) as it is: taskdedup does not deduplicate it."""
-        labels = {k: v for k, v in message.labels.items() if k not in drop_labels}
-        labels.update(add_labels or {})
-        kicker: AsyncKicker[Any, Any] = AsyncKicker(message.task_name, self.mw.broker, labels)
-        token = PASS_THROUGH.set(True)
-        try:
-            await kicker.with_task_id(task_id or message.task_id).kiq(
-                *(message.args if args is None else args),
-                **(message.kwargs if kwargs is None else kwargs),
-            )
-        finally:
-            PASS_THROUGH.reset(token)
-
-    async def hand_off(self, message: TaskiqMessage, key: str | None, handoff: Handoff) -> None:
-        """Publish the one rescheduled run (reschedule_once) under the id the lock now holds."""
-        if key is None:
-            return
-        if handoff.payload is not None:
-            args, kwargs = load_call(self.mw.broker, handoff.payload)
-        else:
-            args = list(message.args)
-            kwargs = {k: v for k, v in message.kwargs.items() if k != SKIP_KWARG}
-        ticket = Ticket("acquired", handoff.job_id, key, confirm=True)
-        scope = await self._reserve_owed(message.task_name, handoff.job_id, args, kwargs)
-        try:
-            await self.send(
-                message,
-                task_id=handoff.job_id,
-                args=args,
-                kwargs=kwargs,
-                drop_labels=_NOT_HANDED_ON,
-                add_labels={SCOPE_LABEL: scope} if scope else None,
-            )
-        except Exception:  # the run in hand goes on; the rescheduled one is lost, loudly
-            if scope:
-                await self._free_slot(Lease(scope, handoff.job_id, 0, slot=True))
-            await self.mw.dedup.apublish_failed(ticket)
-            log.exception(
-                "taskdedup: could not send the rescheduled run of %s (reschedule_once)",
-                message.task_name,
-            )
-            return
-        self.mw.dedup.published(ticket)
-
-    async def _reserve_owed(
-        self, task_name: str, job_id: str, args: list[Any], kwargs: dict[str, Any]
-    ) -> str | None:
-        """The scope of a run owed by reschedule_once, with a slot for it if one is free (a
-        full scope does not refuse it: it takes its slot when it starts)."""
-        task = self.mw.broker.find_task(task_name)
-        limits = task_limits(task) if task is not None else None
-        if task is None or limits is None:
-            return None
-        try:
-            scope = limits.scope_for(task_name, call_shape(task_function(task)), args, kwargs)
-        except Exception as exc:  # sent without a scope: it runs, uncapped
-            log.warning("taskdedup: no scope for the rescheduled run of %s: %s", task_name, exc)
-            return None
-        with contextlib.suppress(QuotaExceeded, StoreUnavailable):
-            await self.mw.reservations.areserve(
-                scope, limits.max_concurrent, limits.ttl_seconds, member=job_id
-            )
-        return scope
+            await self.resender.later(message, delay)
 
     async def close(self) -> None:
         """Stop beating; send the copies waiting to be sent again now, so none is lost."""
         for thread in list(self._threads):  # its lock and slot lapse after their lease
             thread.cancel()
-        waiting = list(self._later)
-        for later in waiting:
-            later.cancel()  # each sends its copy now
-        await asyncio.gather(*waiting, return_exceptions=True)
+        await self.resender.close()
         if self._heartbeat is not None:
             await self._heartbeat.stop()
             self._heartbeat = None

@@ -1,0 +1,159 @@
+"""Sending a taskiq delivery again: later, for one the worker does not run now (busy, its
+holder running, its scope full), and the one more run owed by reschedule_once.
+
+These sends bypass taskdedup's producer side (the worker has settled their lock and slot), so
+they are never deduplicated against themselves. A short wait holds the delivery until its
+copy is in the broker (a broker with acknowledgements redelivers it if the worker dies
+meanwhile); a longer one does not, so that a worker stopping gracefully is not kept waiting:
+it sends the copies still waiting at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from taskiq.kicker import AsyncKicker
+from taskiq.message import TaskiqMessage
+
+from ..core import Ticket
+from ..errors import QuotaExceeded, StoreUnavailable
+from ..stores.base import Handoff
+from .options import (
+    ATTEMPT_LABEL,
+    FENCE_LABEL,
+    RETRIES_LABEL,
+    RUN_KWARG,
+    SCOPE_LABEL,
+    SKIP_KWARG,
+    call_shape,
+    task_function,
+    task_limits,
+)
+from .producer import PASS_THROUGH, load_call
+
+if TYPE_CHECKING:
+    from .middleware import DedupMiddleware
+
+log = logging.getLogger("taskdedup")
+#: A delivery sent again within this many seconds (busy: 1 s, scope full: 2 s) is held until
+#: its copy is out; a copy of a running job (lease + 1 s) is not.
+HOLD_AT_MOST = 2.0
+_NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
+
+
+class Resender:
+    """The worker's own sends, for the deliveries of one broker's worker."""
+
+    def __init__(self, middleware: DedupMiddleware) -> None:
+        self.mw = middleware
+        self._later: set[asyncio.Task[None]] = set()  # copies waiting to be sent again
+
+    async def later(self, message: TaskiqMessage, delay: float) -> None:
+        """Send a copy of this delivery (same id) after ``delay``; a short wait holds the
+        delivery until then (a broker with acknowledgements redelivers it if the worker dies
+        meanwhile); a worker that stops sends the copies still waiting at once."""
+        copy = message.model_copy(deep=True)
+        copy.kwargs.pop(SKIP_KWARG, None)
+        copy.kwargs.pop(RUN_KWARG, None)
+        later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
+        self._later.add(later)
+        later.add_done_callback(self._later.discard)
+        if delay <= HOLD_AT_MOST:
+            await asyncio.shield(later)
+
+    async def _send_later(self, message: TaskiqMessage, delay: float) -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # stopping: send it now, not never
+            await asyncio.sleep(delay)
+        try:
+            await self.send(message)
+        except Exception:
+            log.exception(
+                "taskdedup: could not send %s[%s] again: this delivery is not run",
+                message.task_name,
+                message.task_id,
+            )
+
+    async def send(
+        self,
+        message: TaskiqMessage,
+        *,
+        task_id: str | None = None,
+        args: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        drop_labels: tuple[str, ...] = (),
+        add_labels: dict[str, Any] | None = None,
+    ) -> None:
+        """Send ``message`` (or a variant of it) as it is: taskdedup does not deduplicate it."""
+        labels = {k: v for k, v in message.labels.items() if k not in drop_labels}
+        labels.update(add_labels or {})
+        kicker: AsyncKicker[Any, Any] = AsyncKicker(message.task_name, self.mw.broker, labels)
+        token = PASS_THROUGH.set(True)
+        try:
+            await kicker.with_task_id(task_id or message.task_id).kiq(
+                *(message.args if args is None else args),
+                **(message.kwargs if kwargs is None else kwargs),
+            )
+        finally:
+            PASS_THROUGH.reset(token)
+
+    async def hand_off(self, message: TaskiqMessage, key: str | None, handoff: Handoff) -> None:
+        """Publish the one rescheduled run (reschedule_once) under the id the lock now holds."""
+        if key is None:
+            return
+        if handoff.payload is not None:
+            args, kwargs = load_call(self.mw.broker, handoff.payload)
+        else:
+            args = list(message.args)
+            kwargs = {k: v for k, v in message.kwargs.items() if k != SKIP_KWARG}
+        ticket = Ticket("acquired", handoff.job_id, key, confirm=True)
+        scope = await self._reserve_owed(message.task_name, handoff.job_id, args, kwargs)
+        try:
+            await self.send(
+                message,
+                task_id=handoff.job_id,
+                args=args,
+                kwargs=kwargs,
+                drop_labels=_NOT_HANDED_ON,
+                add_labels={SCOPE_LABEL: scope} if scope else None,
+            )
+        except Exception:  # the run in hand goes on; the rescheduled one is lost, loudly
+            if scope:
+                with contextlib.suppress(StoreUnavailable):  # else it lapses after its ttl
+                    await self.mw.reservations.arelease(scope, handoff.job_id)
+            await self.mw.dedup.apublish_failed(ticket)
+            log.exception(
+                "taskdedup: could not send the rescheduled run of %s (reschedule_once)",
+                message.task_name,
+            )
+            return
+        self.mw.dedup.published(ticket)
+
+    async def _reserve_owed(
+        self, task_name: str, job_id: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> str | None:
+        """The scope of a run owed by reschedule_once, with a slot for it if one is free (a
+        full scope does not refuse it: it takes its slot when it starts)."""
+        task = self.mw.broker.find_task(task_name)
+        limits = task_limits(task) if task is not None else None
+        if task is None or limits is None:
+            return None
+        try:
+            scope = limits.scope_for(task_name, call_shape(task_function(task)), args, kwargs)
+        except Exception as exc:  # sent without a scope: it runs, uncapped
+            log.warning("taskdedup: no scope for the rescheduled run of %s: %s", task_name, exc)
+            return None
+        with contextlib.suppress(QuotaExceeded, StoreUnavailable):
+            await self.mw.reservations.areserve(
+                scope, limits.max_concurrent, limits.ttl_seconds, member=job_id
+            )
+        return scope
+
+    async def close(self) -> None:
+        """Send the copies still waiting now, so none is lost."""
+        waiting = list(self._later)
+        for later in waiting:
+            later.cancel()  # each sends its copy now
+        await asyncio.gather(*waiting, return_exceptions=True)

@@ -507,3 +507,36 @@ def test_a_job_whose_reservation_lapsed_waits_for_a_slot_when_the_scope_is_full(
         outsider.release()
         job.get(timeout=20)
     assert runs == [[job.id]]  # it ran holding the scope's only slot
+
+
+def test_a_job_that_cannot_be_sent_again_for_a_full_scope_frees_its_lock(
+    app: Celery, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker refuses the worker's re-send of a job waiting for its scope: the job fails
+    (visibly), and its dedup key is free again rather than held for the ttl (G5)."""
+    from kombu.exceptions import OperationalError
+
+    import taskdedup.celery.worker as worker_module
+
+    guard = ReservationGuard(install(app).dedup.store)
+
+    @deduplicate("until_executed")
+    @reserve(max_concurrent=1, scope="tenant", ttl=0.3)
+    @app.task(shared=False)
+    def sync(tenant: str) -> None: ...
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("broker went away")
+
+    job = sync.delay("acme")
+    wait_for(lambda: not guard.active("tenant=acme"), 10, "the reservation to lapse")
+    outsider = guard.reserve("tenant=acme", 1, ttl=60)
+    monkeypatch.setattr(worker_module, "resend", refused)
+    with (
+        start_worker(app, pool="solo", perform_ping_check=False),
+        pytest.raises(OperationalError),
+    ):
+        job.get(timeout=20)
+    outsider.release()
+    again = sync.delay("acme")
+    assert not again.deduplicated and again.id != job.id

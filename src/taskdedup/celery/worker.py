@@ -133,7 +133,11 @@ class Worker:
             log.warning("taskdedup: could not renew the slot of %s: %s", task.request.id, exc)
             return None
         except QuotaExceeded:
-            resend(task, args, kwargs, FULL_DELAY)
+            try:
+                resend(task, args, kwargs, FULL_DELAY)
+            except Exception:  # the job fails here: free its lock first (G5)
+                self._free_lock(task, policy, args, kwargs)
+                raise
             log.info(
                 "taskdedup: not starting %s[%s]: it holds no slot and scope %s is full; "
                 "sent again in %gs",
@@ -143,6 +147,16 @@ class Worker:
                 FULL_DELAY,
             )
             raise Ignore() from None
+
+    def _free_lock(self, task: Any, policy: TaskPolicy | None, args: Any, kwargs: Any) -> None:
+        """Release the enqueue lock this (unclaimed) job holds, if any."""
+        if policy is None:
+            return
+        request = task.request
+        queue = (request.delivery_info or {}).get("routing_key")
+        key = header(request, KEY_HEADER) or policy.key_for(args, kwargs, queue)
+        with contextlib.suppress(StoreUnavailable):  # else it lapses after its ttl
+            self.integ.dedup.publish_failed(Ticket("acquired", request.id, key))
 
     def _finish(
         self, task: Any, policy: Any, admission: Admission | None, slot: Lease | None

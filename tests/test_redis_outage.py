@@ -87,14 +87,3 @@ def test_after_a_timeout_each_asyncio_call_still_gets_its_own_answer(
 
     asyncio.run(main())
     admin.close()
-
-
-def test_one_store_serves_one_event_loop_after_another(redis_url: str, key_prefix: str) -> None:
-    """A script that calls ``asyncio.run`` several times with one store: redis-py's asyncio
-    clients are bound to their first loop, so each new loop gets clients of its own."""
-    store = RedisStore.from_url(redis_url, prefix=key_prefix)
-    dedup = Deduplicator(store, Settings(on_store_error="raise"))
-    answers = [asyncio.run(dedup.aenqueue(POLICY, ("loops",), job_id=f"j{i}")) for i in range(3)]
-    assert answers[0].acquired
-    assert all(a.deduplicated and a.job_id == "j0" for a in answers[1:])
-    store.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
+import weakref
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -54,11 +55,14 @@ _UNAVAILABLE = (
 )
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+class _LoopClients:
+    """One event loop's asyncio clients: the pooled one, and a one-connection twin used for
+    one call at a time whenever it is free (redis-py 8's pool checkout costs about 25 us)."""
+
+    __slots__ = ("busy", "pool", "quick")
+
+    def __init__(self, pool: Any, quick: Any) -> None:
+        self.pool, self.quick, self.busy = pool, quick, False
 
 
 class _OneConnection(redis.asyncio.Redis):
@@ -99,16 +103,16 @@ class RedisStore(Store):
         self.url = url
         self._options = client_options or {}
         self._client = client
-        self._async_client = async_client
-        self._given_async = async_client is not None  # used as it is, whatever the loop
-        self._loop: asyncio.AbstractEventLoop | None = None  # where the made ones run
+        self._async_client = async_client  # given: used as it is, whatever the loop
+        #: The asyncio clients this store made, per event loop (redis-py's are bound to the
+        #: loop they first ran on): a second ``asyncio.run``, or a thread with a loop of its
+        #: own, gets clients of its own.
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = (
+            weakref.WeakKeyDictionary()
+        )
         #: Deadline of each asyncio operation, for the asyncio clients this store makes itself.
         self._async_timeout: float | None = None
         self._threaded = False  # no asyncio client could be derived from the sync one
-        # A standalone store's own asyncio connection for one call at a time, used whenever it
-        # is free: redis-py's pool costs about 25 us per checkout (v8), a fifth of a call.
-        self._quick: Any = None
-        self._quick_busy = False
         self.calls = ScriptCalls(prefix)
 
     @classmethod
@@ -134,20 +138,30 @@ class RedisStore(Store):
     @property
     def async_client(self) -> Any:
         """The asyncio client of the running event loop, or None when asyncio calls run the
-        sync client in a thread. redis-py's asyncio clients are bound to the loop they first
-        ran on, so a store used from another loop (a second ``asyncio.run``) makes new ones."""
-        if not self._given_async and not self._threaded:
-            loop = _running_loop()
-            if self._async_client is None or (loop is not None and loop is not self._loop):
-                self._loop = loop
-                self._quick, self._quick_busy = None, False  # the old loop's, left to it
-                self._async_client = self._make_client(asynchronous=True)
-                self._threaded = self._async_client is None
-        return self._async_client
+        sync client in a thread."""
+        clients = self._loop_clients()
+        return None if clients is None else clients.pool
 
-    def _make_client(self, *, asynchronous: bool) -> Any:
+    def _loop_clients(self) -> _LoopClients | None:
+        if self._async_client is not None:
+            return _LoopClients(self._async_client, None)
+        if self._threaded:
+            return None
+        loop = asyncio.get_running_loop()
+        clients = self._per_loop.get(loop)
+        if clients is None:
+            quick: list[Any] = []
+            pool = self._make_client(asynchronous=True, quick=quick)
+            if pool is None:
+                self._threaded = True
+                return None
+            clients = self._per_loop[loop] = _LoopClients(pool, quick[0] if quick else None)
+        return clients
+
+    def _make_client(self, *, asynchronous: bool, quick: list[Any] | None = None) -> Any:
         """A client for ``url``; None for an asyncio client that cannot be derived from the
-        given sync one (asyncio calls then run the sync client in a thread)."""
+        given sync one (asyncio calls then run the sync client in a thread). A standalone
+        asyncio client also gets a one-connection twin, appended to ``quick``."""
         lib: Any = redis.asyncio if asynchronous else redis
         url = self.url
         if url is None:
@@ -157,7 +171,10 @@ class RedisStore(Store):
         if parts.scheme in ("redis", "rediss", "unix"):
             if asynchronous:
                 url = self._own_deadline(url, options)
-                self._quick = _OneConnection.from_url(url, single_connection_client=True, **options)
+                if quick is not None:
+                    quick.append(
+                        _OneConnection.from_url(url, single_connection_client=True, **options)
+                    )
             return lib.Redis.from_url(url, **options)
         # Cluster and Sentinel clients keep redis-py's socket timeouts: they react to a
         # node's timeout (try the next sentinel, refresh the slot map), not to a cancellation.
@@ -229,14 +246,15 @@ class RedisStore(Store):
             return self.client.evalsha(SHAS[name], len(keys), *keys, *args)
 
     async def _aeval(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        client = self.async_client
-        if self._quick is None or self._quick_busy:
-            return await self._aeval_on(client, name, keys, args)
-        self._quick_busy = True  # no await between the test and this: one call at a time
+        clients = self._loop_clients()
+        assert clients is not None  # the callers checked
+        if clients.quick is None or clients.busy:
+            return await self._aeval_on(clients.pool, name, keys, args)
+        clients.busy = True  # no await between the test and this: one call at a time
         try:
-            return await self._aeval_on(self._quick, name, keys, args)
+            return await self._aeval_on(clients.quick, name, keys, args)
         finally:
-            self._quick_busy = False
+            clients.busy = False
 
     async def _aeval_on(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
         try:
@@ -321,8 +339,11 @@ class RedisStore(Store):
         self.close()
         if self._async_client is not None:
             await self._async_client.aclose()
-        if self._quick is not None:
-            await self._quick.aclose()
+        clients = self._per_loop.pop(asyncio.get_running_loop(), None)
+        if clients is not None:  # this loop's; those of other loops are closed by theirs
+            await clients.pool.aclose()
+            if clients.quick is not None:
+                await clients.quick.aclose()
 
     def _run_special(self, op: Op[Any]) -> Any:
         if isinstance(op, Scan):

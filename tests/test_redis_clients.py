@@ -1,0 +1,50 @@
+"""RedisStore's asyncio clients: one set per event loop, whatever the caller does with loops."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from taskdedup import Deduplicator, Policy, RedisStore, Settings
+
+
+def build(commit: str) -> None: ...
+
+
+POLICY = Policy("until_executed").bind("ci.build", build)
+
+
+def test_one_store_serves_one_event_loop_after_another(redis_url: str, key_prefix: str) -> None:
+    """A script that calls ``asyncio.run`` several times with one store: redis-py's asyncio
+    clients are bound to their first loop, so each new loop gets clients of its own."""
+    store = RedisStore.from_url(redis_url, prefix=key_prefix)
+    dedup = Deduplicator(store, Settings(on_store_error="raise"))
+    answers = [asyncio.run(dedup.aenqueue(POLICY, ("loops",), job_id=f"j{i}")) for i in range(3)]
+    assert answers[0].acquired
+    assert all(a.deduplicated and a.job_id == "j0" for a in answers[1:])
+    store.close()
+
+
+def test_threads_with_event_loops_of_their_own_share_one_store(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Each thread runs its own loop against the same store at the same time: every answer
+    is the right one (each loop has its own clients)."""
+    store = RedisStore.from_url(redis_url, prefix=key_prefix)
+    dedup = Deduplicator(store, Settings(on_store_error="raise"))
+    wrong: list[str] = []
+
+    async def calls(thread: int) -> None:
+        for i in range(150):
+            first = await dedup.aenqueue(POLICY, (f"t{thread}-{i}",), job_id=f"{thread}-{i}")
+            again = await dedup.aenqueue(POLICY, (f"t{thread}-{i}",), job_id=f"{thread}-{i}b")
+            if not (first.acquired and again.deduplicated and again.job_id == f"{thread}-{i}"):
+                wrong.append(f"{thread}-{i}")
+
+    threads = [threading.Thread(target=asyncio.run, args=(calls(t),)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert wrong == []
+    store.close()

@@ -48,3 +48,22 @@ def test_threads_with_event_loops_of_their_own_share_one_store(
         thread.join(60)
     assert wrong == []
     store.close()
+
+
+def test_loops_that_ended_leave_no_connections_behind(private_redis_url: str) -> None:
+    """Ten ``asyncio.run`` calls on one store: the clients of each finished loop are let go
+    (their sockets close), so connections do not pile up one set per loop."""
+    import gc
+
+    import redis
+
+    admin = redis.Redis.from_url(private_redis_url)
+    before = int(admin.info("clients")["connected_clients"])
+    store = RedisStore.from_url(private_redis_url, prefix="loops")
+    dedup = Deduplicator(store, Settings(on_store_error="raise"))
+    for i in range(10):
+        asyncio.run(dedup.aenqueue(POLICY, (f"k{i}",)))
+    gc.collect()
+    after = int(admin.info("clients")["connected_clients"])
+    assert after - before <= 2  # the last loop's two connections at most
+    admin.close()

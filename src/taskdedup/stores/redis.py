@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
-import weakref
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -107,9 +106,7 @@ class RedisStore(Store):
         #: The asyncio clients this store made, per event loop (redis-py's are bound to the
         #: loop they first ran on): a second ``asyncio.run``, or a thread with a loop of its
         #: own, gets clients of its own.
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._per_loop: dict[asyncio.AbstractEventLoop, _LoopClients] = {}
         #: Deadline of each asyncio operation, for the asyncio clients this store makes itself.
         self._async_timeout: float | None = None
         self._threaded = False  # no asyncio client could be derived from the sync one
@@ -147,9 +144,14 @@ class RedisStore(Store):
             return _LoopClients(self._async_client, None)
         if self._threaded:
             return None
-        loop = asyncio.get_running_loop()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # read outside a loop: no client belongs to it yet
+            return None
         clients = self._per_loop.get(loop)
         if clients is None:
+            for old in [old for old in self._per_loop if old.is_closed()]:
+                del self._per_loop[old]  # its sockets close when collected
             quick: list[Any] = []
             pool = self._make_client(asynchronous=True, quick=quick)
             if pool is None:

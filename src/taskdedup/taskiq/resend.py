@@ -38,9 +38,11 @@ if TYPE_CHECKING:
     from .middleware import DedupMiddleware
 
 log = logging.getLogger("taskdedup")
-#: A delivery sent again within this many seconds (busy: 1 s, scope full: 2 s) is held until
-#: its copy is out; a copy of a running job (lease + 1 s) is not.
-HOLD_AT_MOST = 2.0
+BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
+FULL_DELAY = 2.0  # seconds before a job that found its scope full at start is tried again
+#: A delivery sent again within this many seconds (busy, scope full) is held until its copy is
+#: out; a copy of a running job (lease + 1 s) is not.
+HOLD_AT_MOST = FULL_DELAY
 _NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
 
@@ -121,8 +123,10 @@ class Resender:
             )
         except Exception:  # the run in hand goes on; the rescheduled one is lost, loudly
             if scope:
-                with contextlib.suppress(StoreUnavailable):  # else it lapses after its ttl
+                try:
                     await self.mw.reservations.arelease(scope, handoff.job_id)
+                except StoreUnavailable as exc:  # it lapses after its ttl
+                    log.warning("taskdedup: could not free the slot of %s: %s", handoff.job_id, exc)
             await self.mw.dedup.apublish_failed(ticket)
             log.exception(
                 "taskdedup: could not send the rescheduled run of %s (reschedule_once)",

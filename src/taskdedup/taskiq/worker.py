@@ -47,14 +47,12 @@ from .options import (
     task_limits,
 )
 from .producer import queue_of
-from .resend import Resender
+from .resend import BUSY_DELAY, FULL_DELAY, Resender
 
 if TYPE_CHECKING:
     from .middleware import DedupMiddleware
 
 log = logging.getLogger("taskdedup")
-BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
-FULL_DELAY = 2.0  # seconds before a job that found its scope full at start is tried again
 
 
 _running: set[str] = set()  # sync deliveries whose thread is still in the task function

@@ -42,8 +42,11 @@ RUN_LOCKING = frozenset({"while_executing", "until_and_while_executing"})
 Seconds = float | int | timedelta
 
 
-def seconds(value: Seconds | None, *, name: str, allow_none: bool = False) -> float | None:
-    """Read a duration given as seconds or a timedelta; reject zero and negatives."""
+def seconds(
+    value: Seconds | None, *, name: str, allow_none: bool = False, allow_zero: bool = False
+) -> float | None:
+    """Read a duration given as seconds or a timedelta; reject negatives, and zero unless
+    ``allow_zero``."""
     if value is None:
         if allow_none:
             return None
@@ -52,8 +55,9 @@ def seconds(value: Seconds | None, *, name: str, allow_none: bool = False) -> fl
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{name} must be seconds (a number) or a timedelta, not {value!r}")
-    if value <= 0:
-        raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{name} must be {bound} seconds, got {value!r}")
     return float(value)
 
 

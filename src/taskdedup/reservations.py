@@ -238,8 +238,7 @@ class ReservationGuard:
             return held
         if max_concurrent is None:
             return _without_slot(held)
-        if not self.store.run(self._reserve_op(scope, max_concurrent, lease, job_id)).granted:
-            raise QuotaExceeded(scope, max_concurrent)
+        self.reserve(scope, max_concurrent, lease, member=job_id)  # or QuotaExceeded
         return held
 
     async def astart(
@@ -250,9 +249,7 @@ class ReservationGuard:
             return held
         if max_concurrent is None:
             return _without_slot(held)
-        op = self._reserve_op(scope, max_concurrent, lease, job_id)
-        if not (await self.store.arun(op)).granted:
-            raise QuotaExceeded(scope, max_concurrent)
+        await self.areserve(scope, max_concurrent, lease, member=job_id)  # or QuotaExceeded
         return held
 
     def active(self, scope: str) -> list[Slot]:

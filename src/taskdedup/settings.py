@@ -13,13 +13,7 @@ from .errors import ConfigError
 from .policy import DEFAULT_LEASE, DEFAULT_TTL, STRATEGIES, Policy, Strategy, seconds
 
 OnStoreError = Literal["enqueue", "raise"]
-_SECONDS = (
-    "default_ttl",
-    "default_lease",
-    "grace",
-    "remember_finished",
-    "idempotency_ttl",
-)
+_SECONDS = ("default_ttl", "default_lease", "grace", "remember_finished", "idempotency_ttl")
 OnMismatch = Literal["raise", "return"]
 ENV_PREFIX = "TASKDEDUP_"
 
@@ -83,10 +77,8 @@ class Settings:
             )
         for name in _SECONDS:
             object.__setattr__(self, name, seconds(getattr(self, name), name=name))
-        wait = self.idempotency_wait  # 0 allowed: a repeat never waits (async callers)
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
-            raise ConfigError(f"idempotency_wait must be seconds >= 0, not {wait!r}")
-        object.__setattr__(self, "idempotency_wait", float(wait))
+        wait = seconds(self.idempotency_wait, name="idempotency_wait", allow_zero=True)
+        object.__setattr__(self, "idempotency_wait", wait)  # 0: a repeat never waits
         if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
             raise ConfigError(f"key_prefix must be non-empty, without braces: {self.key_prefix!r}")
 

@@ -247,8 +247,9 @@ def resend(task: Any, args: Any, kwargs: Any, delay: float) -> None:
     request = task.request
     headers = dict(request.as_execution_options().get("headers") or {})  # x-death filtered out
     for name in (KEY_HEADER, SCOPE_HEADER):
-        if header(request, name):
-            headers[name] = header(request, name)
+        value = header(request, name)
+        if value:
+            headers[name] = value
     later = task.signature_from_request(request, args, kwargs, countdown=delay, headers=headers)
     later.apply_async(**RESEND)
 

@@ -43,6 +43,7 @@ else:  # redis-py depends on async-timeout there
 
 #: redis-py's default socket timeout: how long an asyncio operation may wait for Redis.
 DEFAULT_TIMEOUT = 5.0
+_STANDALONE = ("redis", "rediss", "unix")  # URL schemes of a single server
 #: Errors that mean "the store cannot answer now" (G5), as opposed to a bug in a request.
 _UNAVAILABLE = (
     redis.exceptions.ConnectionError,  # also BusyLoading, MasterNotFound (Sentinel)
@@ -103,6 +104,7 @@ class RedisStore(Store):
         self._options = client_options or {}
         self._client = client
         self._async_client = async_client  # given: used as it is, whatever the loop
+        self._given = None if async_client is None else _LoopClients(async_client, None)
         #: The asyncio clients this store made, per event loop (redis-py's are bound to the
         #: loop they first ran on): a second ``asyncio.run``, or a thread with a loop of its
         #: own, gets clients of its own.
@@ -140,8 +142,8 @@ class RedisStore(Store):
         return None if clients is None else clients.pool
 
     def _loop_clients(self) -> _LoopClients | None:
-        if self._async_client is not None:
-            return _LoopClients(self._async_client, None)
+        if self._given is not None:
+            return self._given
         if self._threaded:
             return None
         try:
@@ -152,31 +154,38 @@ class RedisStore(Store):
         if clients is None:
             for old in [old for old in self._per_loop if old.is_closed()]:
                 del self._per_loop[old]  # its sockets close when collected
-            quick: list[Any] = []
-            pool = self._make_client(asynchronous=True, quick=quick)
-            if pool is None:
+            made = self._make_async_clients()
+            if made is None:
                 self._threaded = True
                 return None
-            clients = self._per_loop[loop] = _LoopClients(pool, quick[0] if quick else None)
+            clients = self._per_loop[loop] = made
         return clients
 
-    def _make_client(self, *, asynchronous: bool, quick: list[Any] | None = None) -> Any:
+    def _make_async_clients(self) -> _LoopClients | None:
+        """Asyncio clients for the running loop: on a standalone server a pooled client and
+        its one-connection twin, both under the store's own deadline; elsewhere redis-py's
+        client alone; None when none can be derived from the given sync client."""
+        url = self.url
+        if url is not None and urlsplit(url).scheme in _STANDALONE:
+            options = dict(self._options)
+            url = self._own_deadline(url, options)
+            return _LoopClients(
+                redis.asyncio.Redis.from_url(url, **options),
+                _OneConnection.from_url(url, single_connection_client=True, **options),
+            )
+        pool = self._make_client(asynchronous=True)
+        return None if pool is None else _LoopClients(pool, None)
+
+    def _make_client(self, *, asynchronous: bool) -> Any:
         """A client for ``url``; None for an asyncio client that cannot be derived from the
-        given sync one (asyncio calls then run the sync client in a thread). A standalone
-        asyncio client also gets a one-connection twin, appended to ``quick``."""
+        given sync one (asyncio calls then run the sync client in a thread)."""
         lib: Any = redis.asyncio if asynchronous else redis
         url = self.url
         if url is None:
             return self._derived_client(lib, asynchronous)
         options = dict(self._options)
         parts = urlsplit(url)
-        if parts.scheme in ("redis", "rediss", "unix"):
-            if asynchronous:
-                url = self._own_deadline(url, options)
-                if quick is not None:
-                    quick.append(
-                        _OneConnection.from_url(url, single_connection_client=True, **options)
-                    )
+        if parts.scheme in _STANDALONE:
             return lib.Redis.from_url(url, **options)
         # Cluster and Sentinel clients keep redis-py's socket timeouts: they react to a
         # node's timeout (try the next sentinel, refresh the slot map), not to a cancellation.

@@ -46,6 +46,14 @@ HOLD_AT_MOST = FULL_DELAY
 _NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
 
+async def free_slot(mw: DedupMiddleware, scope: str, job_id: str) -> None:
+    """Give back ``job_id``'s slot of ``scope`` (if the store is down it lapses by itself)."""
+    try:
+        await mw.reservations.arelease(scope, job_id)
+    except StoreUnavailable as exc:
+        log.warning("taskdedup: could not free the slot of %s: %s", job_id, exc)
+
+
 class Resender:
     """The worker's own sends, for the deliveries of one broker's worker."""
 
@@ -123,10 +131,7 @@ class Resender:
             )
         except Exception:  # the run in hand goes on; the rescheduled one is lost, loudly
             if scope:
-                try:
-                    await self.mw.reservations.arelease(scope, handoff.job_id)
-                except StoreUnavailable as exc:  # it lapses after its ttl
-                    log.warning("taskdedup: could not free the slot of %s: %s", handoff.job_id, exc)
+                await free_slot(self.mw, scope, handoff.job_id)
             await self.mw.dedup.apublish_failed(ticket)
             log.exception(
                 "taskdedup: could not send the rescheduled run of %s (reschedule_once)",

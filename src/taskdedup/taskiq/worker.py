@@ -47,7 +47,7 @@ from .options import (
     task_limits,
 )
 from .producer import queue_of
-from .resend import BUSY_DELAY, FULL_DELAY, Resender
+from .resend import BUSY_DELAY, FULL_DELAY, Resender, free_slot
 
 if TYPE_CHECKING:
     from .middleware import DedupMiddleware
@@ -175,7 +175,9 @@ class Worker:
             await self.resender.hand_off(message, admission.key, admission.handoff)
         if not admission.should_run:
             if slot is not None and admission.outcome not in ("busy", "running"):
-                await self._free_slot(slot)  # the job is over (a copy of a finished one)
+                await free_slot(
+                    self.mw, slot.key, slot.job_id
+                )  # the job is over (a finished one's copy)
             await self._skip(policy, message, admission)
             return message
         if admission.key is not None:
@@ -221,12 +223,6 @@ class Worker:
         self.slots[(message.task_id, attempt)] = [held, False]
         self._end_with_this_delivery((message.task_id, attempt))
         self.heartbeat().add(held)
-
-    async def _free_slot(self, held: Lease) -> None:
-        try:
-            await self.mw.reservations.arelease(held.key, held.job_id)
-        except StoreUnavailable as exc:  # it lapses after the lease anyway
-            log.warning("taskdedup: could not free the slot of %s: %s", held.job_id, exc)
 
     async def _defer_full(self, message: TaskiqMessage) -> None:
         """Do not run this delivery now: its scope is full and it holds no slot."""
@@ -338,7 +334,7 @@ class Worker:
         self.heartbeat().discard(held)
         if retried or isinstance(result.error, NoResultError):  # a retry was sent or scheduled
             return
-        await self._free_slot(held)
+        await free_slot(self.mw, held.key, held.job_id)
 
     # ------------------------------------------------------------------ not running
 

@@ -296,7 +296,11 @@ def test_a_retrying_task_holds_its_lock_throughout_on_a_real_worker(
         job = await app.flaky.kiq("r")
         while not await job.is_ready():
             dup = await app.flaky.kiq("r")
-            assert dup.deduplicated and dup.task_id == job.task_id, "the retry lost its lock"
+            if not dup.deduplicated:  # freed as the last attempt ended, before its result landed
+                assert int(worker.mark("runs:r") or 0) >= 3, "the retry lost its lock"
+                await dup.wait_result(timeout=60)
+                break
+            assert dup.task_id == job.task_id
             await asyncio.sleep(0.05)
         result = await job.wait_result(timeout=30)
         fresh = await app.flaky.kiq("r")  # released after the success

@@ -32,7 +32,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
     taskdedup_key_prefix=PREFIX,
-    taskdedup_url=URL,
+    taskdedup_url=os.environ.get("TD_STORE_URL") or URL,
+    taskdedup_on_store_error=os.environ.get("TD_ON_STORE_ERROR") or "enqueue",
     broker_heartbeat=0,
     taskdedup_default_lease=2,  # the slot lease of capped_job
 )
@@ -71,3 +72,28 @@ def capped_job(tenant: str, seconds: float) -> str:
     marks.set(f"{PREFIX}:mark:pid:{tenant}", os.getpid(), ex=600)
     time.sleep(seconds)
     return tenant
+
+
+# ---- fault tests (tests/test_faults_celery.py): runs record their start and end --------------
+
+
+def record_run(name: str, job_id: str, fence: object, event: str) -> None:
+    """Append ``event job fence time`` to the run log of ``name`` (read by the test)."""
+    log = f"{PREFIX}:mark:log:{name}"
+    marks.rpush(log, f"{event} {job_id} {fence} {time.time():.6f} {os.getpid()}")
+    marks.expire(log, 600)
+
+
+@deduplicate("until_executed", lease=2, keys=["name"])
+@app.task(name="sub.fenced_job", acks_late=True, bind=True, shared=False)
+def fenced_job(self: object, name: str, seconds: float) -> str:
+    """Records its start and end with its fencing token; sleeps ``seconds``, or the number of
+    seconds in the mark ``sleep:<name>`` once the test has set it."""
+    request = self.request  # type: ignore[attr-defined]
+    fence = getattr(request, "taskdedup_fence", None)
+    record_run(name, request.id, fence, "start")
+    marks.set(f"{PREFIX}:mark:pid:{name}", os.getpid(), ex=600)
+    override = marks.get(f"{PREFIX}:mark:sleep:{name}")
+    time.sleep(float(override) if override is not None else seconds)
+    record_run(name, request.id, fence, "end")
+    return request.id  # type: ignore[no-any-return]

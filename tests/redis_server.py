@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -227,6 +228,16 @@ class PrivateRedis:
         _terminate(process)
         log.close()
         return f"did not answer PING within {START_TIMEOUT}s: {_tail(log_path)}"
+
+    def pause(self) -> None:
+        """SIGSTOP the server: it keeps its connections and answers nothing (a stall)."""
+        assert self._process is not None, "PrivateRedis is not running"
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        assert self._process is not None, "PrivateRedis is not running"
+        self._process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         """Terminate the server, wait for it to exit and remove its directory. Idempotent."""

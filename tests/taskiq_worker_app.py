@@ -44,7 +44,11 @@ if RETRY == "smart":
     retry = SmartRetryMiddleware(default_retry_count=5, default_delay=0.2)
 else:
     retry = SimpleRetryMiddleware(default_retry_count=5)
-dedup = DedupMiddleware(URL, key_prefix=PREFIX)
+dedup = DedupMiddleware(
+    os.environ.get("TD_STORE_URL") or URL,
+    key_prefix=PREFIX,
+    on_store_error=os.environ.get("TD_ON_STORE_ERROR") or "enqueue",
+)
 broker = broker.with_result_backend(
     RedisAsyncResultBackend(URL, prefix_str=f"{PREFIX}:result", result_ex_time=600)
 ).with_middlewares(*((dedup, retry) if ORDER == "dedup first" else (retry, dedup)))
@@ -115,3 +119,27 @@ async def leased(name: str, seconds: float) -> str:
     count(f"runs:{name}")
     await asyncio.sleep(seconds)
     return name
+
+
+# ---- fault tests (tests/test_faults_taskiq.py): runs record their start and end --------------
+
+
+def record_run(name: str, job_id: str, fence: object, event: str) -> None:
+    """Append ``event job fence time`` to the run log of ``name`` (read by the test)."""
+    log = f"{PREFIX}:mark:log:{name}"
+    marks.rpush(log, f"{event} {job_id} {fence} {time.time():.6f} {os.getpid()}")
+    marks.expire(log, 600)
+
+
+@broker.task(task_name="sub.fenced", deduplicate={"strategy": "until_executed", "lease": 2})
+async def fenced(name: str, seconds: float, context: Context = CONTEXT) -> str:
+    """Records its start and end with its fencing token; sleeps ``seconds``, or the number of
+    seconds in the mark ``sleep:<name>`` once the test has set it."""
+    job_id = context.message.task_id
+    fence = context.message.labels.get("taskdedup_fence")
+    record_run(name, job_id, fence, "start")
+    mark(f"pid:{name}", os.getpid())
+    override = marks.get(f"{PREFIX}:mark:sleep:{name}")
+    await asyncio.sleep(float(override) if override is not None else seconds)
+    record_run(name, job_id, fence, "end")
+    return job_id

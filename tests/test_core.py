@@ -120,10 +120,18 @@ def test_store_outage_follows_on_store_error(caplog: pytest.LogCaptureFixture) -
         t = lenient.enqueue(tp, (1,))
     assert t.outcome == "store_unavailable" and t.should_publish
     assert "store_unavailable" in caplog.text and "mail.send" in caplog.text
-    assert lenient.claim(tp, "A", args=(1,)).should_run
     strict = Deduplicator(DownStore(), Settings(on_store_error="raise"))
     with pytest.raises(StoreUnavailable):
         strict.enqueue(tp, (1,))
+    # the worker side: an accepted job is neither failed nor run unguarded; it is sent back
+    # with a growing delay, whatever on_store_error says (G14)
+    for dedup in (lenient, strict):
+        delays = []
+        for waits in range(7):
+            admission = dedup.claim(tp, "A", args=(1,), store_waits=waits)
+            assert admission.outcome == "store_unavailable" and not admission.should_run
+            delays.append(admission.retry_after)
+        assert delays == [1, 2, 4, 8, 16, 30, 30]
 
 
 def test_failed_publish_releases_the_lock(dedup: Deduplicator) -> None:

@@ -161,8 +161,16 @@ def test_g4_core_with_a_fake_clock() -> None:
     clock.advance(29)
     assert dedup.enqueue(policy, (1,)).job_id == "A"
     clock.advance(1.01)
-    assert dedup.enqueue(policy, (1,), job_id="B").acquired
-    assert dedup.claim(policy, "A", key=t.key).attempts == 2  # the dead job may take over
+    b = dedup.enqueue(policy, (1,), job_id="B")
+    assert b.acquired
+    # A's copy is stale now (G12): it waits for B, the key's job, then runs after it
+    stale = dedup.claim(policy, "A", key=t.key)
+    assert stale.outcome == "busy" and stale.holder == "B" and not stale.should_run
+    assert dedup.claim(policy, "B", key=t.key).should_run
+    assert dedup.claim(policy, "A", key=t.key).outcome == "busy"
+    dedup.finish(policy, t.key, "B")
+    again = dedup.claim(policy, "A", key=t.key)
+    assert again.should_run and again.attempts == 2 and again.fence > b.fence
 
 
 def test_async_heartbeat_renews_and_stops_cleanly() -> None:

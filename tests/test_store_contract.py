@@ -130,6 +130,39 @@ def test_lapsed_lease_lets_the_same_job_take_over_up_to_max_attempts(h: Harness)
     assert h.store.run(claim(k, "A", owner="w4")).outcome == "done"
 
 
+def test_a_stale_copy_waits_while_its_key_is_a_newer_jobs_and_runs_after_it(
+    h: Harness,
+) -> None:
+    # G12: A's lease lapses (its worker died); B takes the key. A copy of A is then busy
+    # while B's lock is queued or running, and runs once B is done, with a newer fence.
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    a = h.store.run(claim(k, "A", lease_ms=300))
+    b = h.after(0.3, lambda: r if (r := h.store.run(acquire(k, "B"))).acquired else None)
+    assert b.fence > a.fence
+    queued = h.store.run(claim(k, "A", lease_ms=300, owner="w2"))
+    assert queued.outcome == "busy" and queued.holder == "B"
+    running_b = h.store.run(claim(k, "B", lease_ms=60_000, owner="w3"))
+    assert running_b.outcome == "run"
+    running = h.store.run(claim(k, "A", lease_ms=300, owner="w2"))
+    assert running.outcome == "busy" and running.holder == "B"
+    h.store.run(Finish(k, "B", throttle=False, memory_ms=HOUR))
+    after = h.store.run(claim(k, "A", lease_ms=300, owner="w2"))
+    assert after.outcome == "run" and after.fence > b.fence
+
+
+def test_a_job_with_no_lock_of_its_own_waits_for_the_job_that_holds_its_key(h: Harness) -> None:
+    # A job published without a lock (the store was down at enqueue) finds its key another
+    # job's: it does not run beside it, whatever the strategy that holds while running.
+    k = new_key()
+    h.store.run(acquire(k, "B"))
+    assert h.store.run(claim(k, "unlocked", lease_ms=5_000)).outcome == "busy"
+    # until_expired's throttle is not a running job: a job of a throttled key runs
+    h.store.run(claim(k, "B", lease_ms=5_000))
+    h.store.run(Finish(k, "B", throttle=True, memory_ms=HOUR))
+    assert h.store.run(claim(k, "unlocked", lease_ms=5_000)).outcome == "run"
+
+
 def test_redelivery_of_a_finished_job_does_not_run_again(h: Harness) -> None:
     k = new_key()
     h.store.run(acquire(k, "A"))

@@ -49,6 +49,21 @@ class _Leases:
         with self._mutex:
             return list(self._held.values())
 
+    def lost(self, batch: list[Lease], reply: tuple[bool, ...] | None) -> list[Lease]:
+        """The leases of ``batch`` the store no longer knew and that are still held: they are
+        no longer renewed. A lease given up while its renewal was on the way (its job ended
+        or retried) is not lost; nor is any while the store does not answer (``None``)."""
+        if reply is None:
+            return []
+        gone = []
+        with self._mutex:
+            for lease, alive in zip(batch, reply, strict=True):
+                ident = (lease.key, lease.job_id, lease.slot)
+                if not alive and self._held.get(ident) is lease:
+                    del self._held[ident]
+                    gone.append(lease)
+        return gone
+
     def interval(self) -> float:
         """A third of the shortest lease held (or of the default lease when none is)."""
         with self._mutex:
@@ -88,7 +103,8 @@ class Heartbeat(_Leases):
         """Renew every held lease now, in one batch."""
         leases = self.snapshot()
         if leases:
-            self.dedup.heartbeat(leases)
+            for lease in self.lost(leases, self.dedup.heartbeat(leases)):
+                self.dedup.lease_lost(lease)
 
     def _loop(self) -> None:
         due = time.monotonic() + self.interval()
@@ -144,7 +160,8 @@ class AsyncHeartbeat(_Leases):
     async def beat(self) -> None:
         leases = self.snapshot()
         if leases:
-            await self.dedup.aheartbeat(leases)
+            for lease in self.lost(leases, await self.dedup.aheartbeat(leases)):
+                self.dedup.lease_lost(lease)
 
     async def _loop(self) -> None:
         assert self._wake is not None

@@ -46,6 +46,12 @@ log = logging.getLogger("taskdedup")
 T = TypeVar("T")
 
 TicketOutcome = Literal["acquired", "duplicate", "store_unavailable", "skipped"]
+#: Seconds before a delivery whose key is another job's (busy) is tried again.
+BUSY_DELAY = 1.0
+#: Seconds before a job that holds no slot and found its scope full at start is tried again.
+FULL_DELAY = 2.0
+#: The longest wait between two tries of a delivery the store could not claim (G14).
+STORE_RETRY_MAX = 30.0
 AdmissionOutcome = Literal[
     "run", "running", "done", "busy", "exhausted", "store_unavailable", "skipped"
 ]
@@ -90,10 +96,19 @@ class Admission:
     handoff: Handoff | None = None  # publish this job now (reschedule owed at start)
     lease: Lease | None = None  # renew this while the job runs
     dry_run: bool = False
+    retry_after: float | None = None  # not run now: send this delivery again in so many s
 
     @property
     def should_run(self) -> bool:
-        return self.outcome in ("run", "store_unavailable", "skipped") or self.dry_run
+        """Run the body now. Otherwise the delivery is sent again after ``retry_after``
+        (busy, its holder running, the store down) or, when that is None, dropped."""
+        return self.outcome in ("run", "skipped") or self.dry_run
+
+
+def store_retry_delay(waits: int) -> float:
+    """How long a delivery waits before its next claim after ``waits`` claims the store could
+    not answer: 1, 2, 4 ... seconds, at most STORE_RETRY_MAX."""
+    return min(2.0 ** max(waits, 0), STORE_RETRY_MAX)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -325,9 +340,13 @@ class Deduplicator:
         kwargs: Mapping[str, Any] | None = None,
         queue: str | None = None,
         attempt: int | None = None,
+        store_waits: int = 0,
     ) -> Admission:
-        """A worker is about to run ``job_id``: may it? (``key`` is recomputed when not given.)"""
-        step = self._plan_claim(policy, job_id, key, args, kwargs, queue, attempt)
+        """A worker is about to run ``job_id``: may it? (``key`` is recomputed when not given.)
+
+        ``store_waits``: how many times this delivery was already sent back because the store
+        could not answer its claim (sets the back-off of the next one)."""
+        step = self._plan_claim(policy, job_id, key, args, kwargs, queue, attempt, store_waits)
         return step if isinstance(step, Admission) else self._run(step)
 
     async def aclaim(
@@ -340,8 +359,9 @@ class Deduplicator:
         kwargs: Mapping[str, Any] | None = None,
         queue: str | None = None,
         attempt: int | None = None,
+        store_waits: int = 0,
     ) -> Admission:
-        step = self._plan_claim(policy, job_id, key, args, kwargs, queue, attempt)
+        step = self._plan_claim(policy, job_id, key, args, kwargs, queue, attempt, store_waits)
         return step if isinstance(step, Admission) else await self._arun(step)
 
     def _plan_claim(
@@ -353,6 +373,7 @@ class Deduplicator:
         kwargs: Mapping[str, Any] | None,
         queue: str | None,
         attempt: int | None,
+        store_waits: int = 0,
     ) -> Admission | Step[Admission]:
         p, task = tp.policy, tp.task
         if not self.active(task):
@@ -382,7 +403,8 @@ class Deduplicator:
             level = logging.DEBUG if reply.outcome == "run" else logging.INFO
             outcome = reply.outcome if reply.outcome == "run" or not dry else "would_skip"
             self.note("claim", outcome, level, task, key=key, job=job_id, holder=reply.holder)
-            lease = Lease(key, job_id, lease_ms) if reply.outcome == "run" else None
+            lease = Lease(key, job_id, lease_ms, task=task) if reply.outcome == "run" else None
+            retry_after = {"busy": BUSY_DELAY, "running": p.lease_seconds + 1}.get(reply.outcome)
             return Admission(
                 reply.outcome,
                 job_id,
@@ -393,18 +415,33 @@ class Deduplicator:
                 reply.handoff,
                 lease,
                 dry_run=dry,
+                retry_after=retry_after,
             )
 
         def failed(exc: StoreUnavailable) -> Admission:
-            self.store_unavailable("claim", task, exc, key=key, job=job_id)
-            return Admission("store_unavailable", job_id, key)
+            # An accepted job is never failed, nor run unguarded, because the store is down
+            # (G14): it goes back to the broker and is claimed again later. on_store_error is
+            # the producer's choice; it does not apply here.
+            delay = store_retry_delay(store_waits)
+            self.note(
+                "claim",
+                "store_unavailable",
+                logging.WARNING,
+                task,
+                key=key,
+                job=job_id,
+                retry_in=f"{delay:g}s",
+                error=exc,
+            )
+            return Admission("store_unavailable", job_id, key, dry_run=dry, retry_after=delay)
 
         return Step(op, done, failed)
 
     # ------------------------------------------------------------------ while running
 
     def heartbeat(self, leases: Iterable[Lease]) -> tuple[bool, ...] | None:
-        """Renew many leases in one batch; None when the store is down (logged)."""
+        """Renew many leases in one batch; None when the store is down (logged). Each answer
+        says whether that job still held something (see :meth:`lease_lost`)."""
         batch = tuple(leases)
         return self._run(self._plan_heartbeat(batch)) if batch else ()
 
@@ -414,13 +451,8 @@ class Deduplicator:
 
     def _plan_heartbeat(self, batch: tuple[Lease, ...]) -> Step[tuple[bool, ...] | None]:
         def done(reply: tuple[bool, ...]) -> tuple[bool, ...]:
-            lost = [lease for lease, alive in zip(batch, reply, strict=True) if not alive]
             with self._stats_lock:
-                self.stats["heartbeat.renewed"] += len(batch) - len(lost)
-            for lease in lost:  # the job runs on, but its lock is gone: say so loudly
-                self.note(
-                    "heartbeat", "lost", logging.WARNING, "?", key=lease.key, job=lease.job_id
-                )
+                self.stats["heartbeat.renewed"] += sum(reply)
             return reply
 
         def failed(exc: StoreUnavailable) -> None:
@@ -428,6 +460,20 @@ class Deduplicator:
             return None
 
         return Step(Heartbeat(batch), done, failed)
+
+    def lease_lost(self, lease: Lease) -> None:
+        """A job that still runs here no longer holds its lock or slot (its lease lapsed, say
+        while the store was unreachable for longer than the lease): say so loudly, once."""
+        what = "slot" if lease.slot else "lock"
+        self.note(
+            "heartbeat",
+            "lost",
+            logging.WARNING,
+            lease.task or "?",
+            key=lease.key,
+            job=lease.job_id,
+            lost=what,
+        )
 
     # ------------------------------------------------------------------ retry, finish, release
 

@@ -13,23 +13,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from ..core import Admission, Ticket
+from ..core import FULL_DELAY, Admission, Ticket
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease
-from .messages import KEY_HEADER, RESEND_OPTION, SCOPE_HEADER, load_call
+from .messages import KEY_HEADER, RESEND_OPTION, SCOPE_HEADER, STORE_WAITS_HEADER, load_call
 from .tasks import task_function, task_limits, task_policy
 
 if TYPE_CHECKING:
     from .integration import CeleryDedup
 
 log = logging.getLogger("taskdedup")
-BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
-FULL_DELAY = 2.0  # seconds before a job that found its scope full at start is tried again
+#: How long a delivery the broker will not take back (it is down too) waits in the worker for
+#: its claim before it fails visibly.
+STAY_AT_MOST = 600.0
 RESEND = {RESEND_OPTION: True}  # publish options of the worker's own publishes
 
 
@@ -93,25 +95,55 @@ class Worker:
         kwargs: dict[str, Any],
         slot: Lease | None,
     ) -> Admission:
-        """Claim the job, or raise Ignore when this delivery must not run now."""
+        """Claim the job, or raise Ignore when this delivery must not run now: it is dropped
+        (a copy of a finished job) or sent again later (busy, its holder running, the store
+        down). A delivery the broker will not take back waits here and asks again, so it is
+        never lost (G14); after STAY_AT_MOST seconds it fails visibly, its lock freed first."""
         request = task.request
-        key = getattr(request, KEY_HEADER, None) or (request.headers or {}).get(KEY_HEADER)
+        key = header(request, KEY_HEADER)
         queue = (request.delivery_info or {}).get("routing_key")
-        admission = self.integ.dedup.claim(
-            policy,
-            request.id,
-            key=key,
-            args=args,
-            kwargs=kwargs,
-            queue=queue,
-            attempt=request.retries or 0,
-        )
-        if admission.handoff is not None:
-            self._publish_handoff(task, admission.key, admission.handoff)
-        if not admission.should_run:
-            if slot is not None and admission.outcome not in ("busy", "running"):
-                release_slot(self.integ, slot.key, slot.job_id)  # the job is over
-            self._skip(task, policy, admission, args, kwargs)
+        waits = int(header(request, STORE_WAITS_HEADER) or 0)
+        give_up = time.monotonic() + STAY_AT_MOST
+        while True:
+            admission = self.integ.dedup.claim(
+                policy,
+                request.id,
+                key=key,
+                args=args,
+                kwargs=kwargs,
+                queue=queue,
+                attempt=request.retries or 0,
+                store_waits=waits,
+            )
+            key = admission.key
+            if admission.handoff is not None:
+                self._publish_handoff(task, admission.key, admission.handoff)
+            if admission.should_run:
+                break
+            if admission.retry_after is None:  # a copy of a finished job: over
+                if slot is not None:
+                    release_slot(self.integ, slot.key, slot.job_id)
+                self._not_running(task, admission, "dropped")
+            if admission.outcome == "store_unavailable":
+                waits += 1
+            try:
+                resend(task, args, kwargs, admission.retry_after, store_waits=waits)
+            except Exception as exc:
+                if time.monotonic() + admission.retry_after > give_up:
+                    self._free_lock(task, policy, args, kwargs)  # the job fails here (G5)
+                    raise
+                log.warning(
+                    "taskdedup: could not send %s[%s] back to the broker (%s): %s; it waits "
+                    "here and asks again in %gs",
+                    task.name,
+                    request.id,
+                    admission.outcome,
+                    exc,
+                    admission.retry_after,
+                )
+                time.sleep(admission.retry_after)
+                continue
+            self._not_running(task, admission, f"sent again in {admission.retry_after:g}s")
         request.taskdedup_key = admission.key
         request.taskdedup_fence = admission.fence
         return admission
@@ -218,18 +250,7 @@ class Worker:
             )
         return scope
 
-    def _skip(
-        self, task: Any, policy: TaskPolicy, admission: Admission, args: Any, kwargs: Any
-    ) -> None:
-        """Do not run this delivery. A copy whose key is busy, or whose holder still runs,
-        comes back later under the same id (if the holder died, the copy then takes over after
-        the lease); a copy of a finished job is dropped."""
-        if admission.outcome in ("busy", "running"):
-            delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
-            resend(task, args, kwargs, delay)
-            action = f"deferred {delay:g}s"
-        else:
-            action = "dropped"
+    def _not_running(self, task: Any, admission: Admission, action: str) -> NoReturn:
         log.info(
             "taskdedup: not running %s[%s]: %s (holder %s), %s",
             task.name,
@@ -241,7 +262,7 @@ class Worker:
         raise Ignore()
 
 
-def resend(task: Any, args: Any, kwargs: Any, delay: float) -> None:
+def resend(task: Any, args: Any, kwargs: Any, delay: float, *, store_waits: int = 0) -> None:
     """The running delivery again, ``delay`` seconds from now: same id, queue, callbacks,
     chain and headers. It goes out as it is (no dedup, no cap): the worker settled its lock."""
     request = task.request
@@ -250,6 +271,9 @@ def resend(task: Any, args: Any, kwargs: Any, delay: float) -> None:
         value = header(request, name)
         if value:
             headers[name] = value
+    headers.pop(STORE_WAITS_HEADER, None)
+    if store_waits:
+        headers[STORE_WAITS_HEADER] = store_waits
     later = task.signature_from_request(request, args, kwargs, countdown=delay, headers=headers)
     later.apply_async(**RESEND)
 

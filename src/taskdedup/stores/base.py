@@ -67,7 +67,7 @@ class ClaimReply:
     outcome: ClaimOutcome
     fence: int
     attempts: int
-    holder: str  # run: our owner; running: the owner of the live copy; busy: the running job id
+    holder: str  # run: our owner; running: the live copy's owner; busy: the job whose key it is
     handoff: Handoff | None = None
 
 
@@ -165,6 +165,7 @@ class Lease:
     job_id: str
     lease_ms: int
     slot: bool = False
+    task: str = dataclasses.field(default="", compare=False)  # for what is logged
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

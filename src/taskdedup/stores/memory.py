@@ -204,6 +204,8 @@ class MemoryStore(Store):
                 return ClaimReply("busy", 0, attempts - 1, running["j"])
         lock_name = self._name(op.key, "lock")
         lock = self._get(lock_name, now)
+        if op.lock == "hold" and lock is not None and lock["j"] != op.job_id and lock["s"] != "t":
+            return ClaimReply("busy", 0, attempts - 1, lock["j"])  # another job's key (G12)
         fence: int | None = None
         handoff: Handoff | None = None
         if lock is not None and lock["j"] == op.job_id:

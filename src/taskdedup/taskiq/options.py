@@ -49,6 +49,8 @@ RUN_KWARG = "__taskdedup_run__"
 #: whose slot a sent job holds (set by taskdedup).
 RESERVE_LABEL = "reserve"
 SCOPE_LABEL = "taskdedup_scope"
+#: How many times a delivery was sent back because the store could not answer its claim.
+STORE_WAITS_LABEL = "taskdedup_store_waits"
 #: taskiq's retry middlewares count attempts in this label.
 RETRIES_LABEL = "_retries"
 #: Where ``@deduplicate`` keeps the declaration of a function not yet made a task.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from taskiq.kicker import AsyncKicker
 from taskiq.message import TaskiqMessage
 
-from ..core import Ticket
+from ..core import FULL_DELAY, STORE_RETRY_MAX, Ticket
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..stores.base import Handoff
 from .options import (
@@ -28,6 +28,7 @@ from .options import (
     RUN_KWARG,
     SCOPE_LABEL,
     SKIP_KWARG,
+    STORE_WAITS_LABEL,
     call_shape,
     task_function,
     task_limits,
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     from .middleware import DedupMiddleware
 
 log = logging.getLogger("taskdedup")
-BUSY_DELAY = 1.0  # seconds before a busy while_executing job is tried again
-FULL_DELAY = 2.0  # seconds before a job that found its scope full at start is tried again
 #: A delivery sent again within this many seconds (busy, scope full) is held until its copy is
 #: out; a copy of a running job (lease + 1 s) is not.
 HOLD_AT_MOST = FULL_DELAY
@@ -60,14 +59,21 @@ class Resender:
     def __init__(self, middleware: DedupMiddleware) -> None:
         self.mw = middleware
         self._later: set[asyncio.Task[None]] = set()  # copies waiting to be sent again
+        self._stopping = False
 
-    async def later(self, message: TaskiqMessage, delay: float) -> None:
+    async def later(
+        self, message: TaskiqMessage, delay: float, *, store_waits: int | None = None
+    ) -> None:
         """Send a copy of this delivery (same id) after ``delay``; a short wait holds the
         delivery until then (a broker with acknowledgements redelivers it if the worker dies
-        meanwhile); a worker that stops sends the copies still waiting at once."""
+        meanwhile); a worker that stops sends the copies still waiting at once. A copy the
+        broker refuses is tried again, with back-off, until it is taken or the worker stops.
+        ``store_waits``: the count of claims the store could not answer, carried on the copy."""
         copy = message.model_copy(deep=True)
         copy.kwargs.pop(SKIP_KWARG, None)
         copy.kwargs.pop(RUN_KWARG, None)
+        if store_waits is not None:
+            copy.labels[STORE_WAITS_LABEL] = store_waits
         later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
         self._later.add(later)
         later.add_done_callback(self._later.discard)
@@ -75,16 +81,31 @@ class Resender:
             await asyncio.shield(later)
 
     async def _send_later(self, message: TaskiqMessage, delay: float) -> None:
-        with contextlib.suppress(asyncio.CancelledError):  # stopping: send it now, not never
-            await asyncio.sleep(delay)
-        try:
-            await self.send(message)
-        except Exception:
-            log.exception(
-                "taskdedup: could not send %s[%s] again: this delivery is not run",
-                message.task_name,
-                message.task_id,
-            )
+        pause = delay
+        while True:
+            if not self._stopping:
+                with contextlib.suppress(asyncio.CancelledError):  # stopping: send it now
+                    await asyncio.sleep(pause)
+            try:
+                await self.send(message)
+                return
+            except Exception as exc:
+                if self._stopping:
+                    log.exception(
+                        "taskdedup: the worker stops and could not send %s[%s] again: this "
+                        "delivery is not run",
+                        message.task_name,
+                        message.task_id,
+                    )
+                    return
+                pause = min(max(pause, 0.5) * 2, STORE_RETRY_MAX)
+                log.warning(
+                    "taskdedup: could not send %s[%s] again (%s); trying again in %gs",
+                    message.task_name,
+                    message.task_id,
+                    exc,
+                    pause,
+                )
 
     async def send(
         self,
@@ -162,6 +183,7 @@ class Resender:
 
     async def close(self) -> None:
         """Send the copies still waiting now, so none is lost."""
+        self._stopping = True
         waiting = list(self._later)
         for later in waiting:
             later.cancel()  # each sends its copy now

@@ -30,7 +30,7 @@ from taskiq.message import TaskiqMessage
 from taskiq.result import TaskiqResult
 
 from ..background import AsyncHeartbeat
-from ..core import Admission
+from ..core import FULL_DELAY, Admission
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease
@@ -42,12 +42,13 @@ from .options import (
     RUN_KWARG,
     SCOPE_LABEL,
     SKIP_KWARG,
+    STORE_WAITS_LABEL,
     label,
     set_label,
     task_limits,
 )
 from .producer import queue_of
-from .resend import BUSY_DELAY, FULL_DELAY, Resender, free_slot
+from .resend import Resender, free_slot
 
 if TYPE_CHECKING:
     from .middleware import DedupMiddleware
@@ -170,15 +171,14 @@ class Worker:
             kwargs=message.kwargs,
             queue=queue_of(broker, message),
             attempt=attempt,
+            store_waits=int(label(message, STORE_WAITS_LABEL) or 0),
         )
         if admission.handoff is not None:
             await self.resender.hand_off(message, admission.key, admission.handoff)
         if not admission.should_run:
-            if slot is not None and admission.outcome not in ("busy", "running"):
-                await free_slot(
-                    self.mw, slot.key, slot.job_id
-                )  # the job is over (a finished one's copy)
-            await self._skip(policy, message, admission)
+            if slot is not None and admission.retry_after is None:  # a finished job's copy
+                await free_slot(self.mw, slot.key, slot.job_id)
+            await self._skip(message, admission)
             return message
         if admission.key is not None:
             set_label(message, KEY_LABEL, admission.key, parsed=True)
@@ -338,12 +338,11 @@ class Worker:
 
     # ------------------------------------------------------------------ not running
 
-    async def _skip(self, policy: TaskPolicy, message: TaskiqMessage, admission: Admission) -> None:
-        """Do not run this delivery; a copy of a running job, or a busy one, comes back later."""
+    async def _skip(self, message: TaskiqMessage, admission: Admission) -> None:
+        """Do not run this delivery: a copy of a finished job is dropped; a busy one, a copy
+        of a running job, or one the store could not claim (G14) comes back later."""
         message.kwargs[SKIP_KWARG] = admission.outcome
-        delay = None
-        if admission.outcome in ("busy", "running"):
-            delay = BUSY_DELAY if admission.outcome == "busy" else policy.policy.lease_seconds + 1
+        delay = admission.retry_after
         log.info(
             "taskdedup: not running %s[%s]: %s (holder %s), %s",
             message.task_name,
@@ -353,7 +352,10 @@ class Worker:
             "dropped" if delay is None else f"sent again in {delay:g}s",
         )
         if delay is not None:
-            await self.resender.later(message, delay)
+            waits = None
+            if admission.outcome == "store_unavailable":
+                waits = int(label(message, STORE_WAITS_LABEL) or 0) + 1
+            await self.resender.later(message, delay, store_waits=waits)
 
     async def close(self) -> None:
         """Stop beating; send the copies waiting to be sent again now, so none is lost."""

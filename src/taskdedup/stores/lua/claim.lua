@@ -1,4 +1,5 @@
 -- A worker starts a job: answers run / running / done / busy / exhausted.
+-- busy: the run lock, or (hold mode) the enqueue lock, is another job's.
 -- KEYS: lock, run, job record, fence
 -- ARGV: job, owner, lease_ms, ttl_ms, lock mode (release|hold|none), run_lock (1/0),
 --       memory_ms, attempt ('' = unknown), max_attempts (0 = none), handoff job ('' = none),
@@ -34,7 +35,12 @@ if ARGV[6] == '1' then
   local running = redis.call('HGET', KEYS[2], 'j')
   if running and running ~= job then return {'busy', '0', int(attempts - 1), running} end
 end
-local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd')
+local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's')
+if ARGV[5] == 'hold' and lock[1] and lock[1] ~= job and lock[4] ~= 't' then
+  -- the key is another job's (queued or running): this copy is stale or unlocked (G12) and
+  -- waits for that job to end rather than run beside it
+  return {'busy', '0', int(attempts - 1), lock[1]}
+end
 local fence = false
 local handoff, payload = '', false
 if lock[1] == job then

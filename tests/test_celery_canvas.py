@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery, chain, chord, group
+from celery import Celery, chain, chord, group, signals
 from celery.contrib.testing.worker import start_worker
 
 from harness import wait_for
@@ -192,3 +192,129 @@ def test_a_chord_whose_header_has_duplicates_completes_with_every_result(
         assert result.get(timeout=TIMEOUT) == 8
     assert marks.calls("total") == [[2, 2, 4]]
     assert marks.runs("double", 1) == 1
+
+
+def test_a_failing_holder_fails_the_duplicates_canvas_as_celery_would(
+    app: Celery, marks: Marks
+) -> None:
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def explode(x: int) -> int:
+        marks.ran("explode", x)
+        raise ValueError(f"boom {x}")
+
+    @app.task(shared=False)
+    def add_one(x: int) -> int:
+        return x + 1
+
+    @app.task(shared=False)
+    def on_error(tag: str) -> None:
+        marks.called("errors", tag)
+
+    first = explode.apply_async((1,), link_error=on_error.si("first"))
+    second = explode.apply_async((1,), link_error=on_error.si("second"))
+    assert second.deduplicated
+    chains = [chain(explode.s(2), add_one.s()).apply_async() for _ in range(2)]
+    with threads_worker(app):
+        wait_for(lambda: len(marks.calls("errors")) == 2, TIMEOUT, "both errbacks")
+        for result in chains:
+            with pytest.raises(ValueError, match="boom 2"):
+                result.get(timeout=TIMEOUT)
+        with pytest.raises(ValueError, match="boom 1"):
+            first.get(timeout=TIMEOUT)
+    assert sorted(marks.calls("errors")) == ["first", "second"]
+    assert marks.runs("explode", 1) == 1 and marks.runs("explode", 2) == 1
+
+
+def test_identical_chords_whose_body_is_deduplicated_both_complete(
+    app: Celery, marks: Marks
+) -> None:
+    gate = threading.Event()
+
+    @app.task(shared=False)
+    def square(x: int) -> int:
+        return x * x
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def total(values: list[int]) -> int:
+        marks.ran("total", values)
+        assert gate.wait(TIMEOUT)
+        return sum(values)
+
+    with threads_worker(app):
+        first = chord([square.s(1), square.s(2)], total.s()).apply_async()
+        wait_for(lambda: marks.runs("total", [1, 4]) == 1, TIMEOUT, "the first body to start")
+        second = chord([square.s(1), square.s(2)], total.s()).apply_async()
+        wait_for(lambda: second.parent.ready(), TIMEOUT, "the second chord's header")
+        gate.set()
+        assert first.get(timeout=TIMEOUT) == 5
+        assert second.get(timeout=TIMEOUT) == 5
+    assert marks.runs("total", [1, 4]) == 1
+
+
+def test_a_step_whose_holder_is_gone_without_a_result_runs_itself(
+    app: Celery, marks: Marks, key_prefix: str
+) -> None:
+    """The holder sits on a queue no worker reads and its lock lapses (ttl): the follower
+    stops waiting after its patience and the step runs under its own id."""
+
+    @deduplicate("until_executed", ttl=2, lease=1)
+    @app.task(shared=False)
+    def double(x: int) -> int:
+        marks.ran("double", x)
+        return x * 2
+
+    @app.task(shared=False)
+    def add_one(x: int) -> int:
+        return x + 1
+
+    stuck = double.apply_async((7,), queue=f"{key_prefix}-nobody")
+    result = chain(double.s(7), add_one.s()).apply_async()
+    assert result.parent.id != stuck.id
+    with threads_worker(app):
+        assert result.get(timeout=TIMEOUT) == 15
+    assert marks.runs("double", 7) == 1  # the step, run by itself; the stuck holder never ran
+    assert not stuck.ready()
+
+
+def test_without_a_result_backend_a_duplicate_step_is_published_as_it_is(
+    redis_url: str, key_prefix: str, marks: Marks
+) -> None:
+    """No result to hand on: the step runs itself rather than being lost."""
+    app = make_app(redis_url, key_prefix)
+    app.conf.update(result_backend=None)
+    app.backend  # noqa: B018 (the disabled backend, made now)
+    install(app)
+    gate = threading.Event()
+
+    @app.task(shared=False)
+    def add_one(x: int) -> int:
+        return x + 1
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def double(x: int) -> int:
+        marks.ran("double", x)
+        assert gate.wait(TIMEOUT)
+        return x * 2
+
+    ended: list[str] = []
+
+    def postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
+        if (
+            getattr(sender, "name", None) == add_one.name
+        ):  # after its result and its next step were sent
+            ended.append(task_id)
+
+    signals.task_postrun.connect(postrun, weak=False)
+    try:
+        with threads_worker(app):
+            chain(add_one.s(1), double.s()).apply_async()
+            wait_for(lambda: marks.runs("double", 2) == 1, TIMEOUT, "the first double to start")
+            chain(add_one.s(1), double.s()).apply_async()
+            wait_for(lambda: len(ended) == 2, TIMEOUT, "the second chain's first step")
+            gate.set()
+            wait_for(lambda: marks.runs("double", 2) == 2, TIMEOUT, "the second double")
+    finally:
+        signals.task_postrun.disconnect(postrun)

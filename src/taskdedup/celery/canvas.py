@@ -60,7 +60,17 @@ MIN_PATIENCE = 2.0  # seconds a holder may look gone before the follower stops w
 Record = Literal["running", "finished", "none", "unknown"]
 
 #: Options of the duplicate's publish the follower must not take over (its own are set here).
-_NOT_FOLLOWED = ("task_type", "result_cls", "router", "route_name", "shadow", "serializer")
+#: ``expires`` is the duplicate's own deadline to start; the follower waits for a holder that
+#: did start, so it must not expire while it waits (it would leave the canvas unfinished).
+_NOT_FOLLOWED = (
+    "task_type",
+    "result_cls",
+    "router",
+    "route_name",
+    "shadow",
+    "serializer",
+    "expires",
+)
 
 #: Reads ``HMGET s u`` of a job record and the server's clock in ms (one key: Cluster-safe).
 _RECORD_SCRIPT = """
@@ -75,15 +85,14 @@ def continues(options: dict[str, Any]) -> bool:
     return any(options.get(option) for option in CANVAS_OPTIONS)
 
 
-def results_kept(integ: CeleryDedup, task: Any, options: dict[str, Any]) -> bool:
-    """Whether the holder's result can be had: a result backend, and results not ignored."""
+def results_kept(integ: CeleryDedup, task: Any) -> bool:
+    """Whether the holder's result can be had: a result backend, and the task's results are
+    not ignored (a holder sent with ``ignore_result=True`` is caught by the follower's
+    patience instead)."""
     app = integ.app
     if isinstance(app.backend, DisabledBackend):
         return False
-    ignore = options.get("ignore_result")
-    if ignore is None:
-        ignore = getattr(task, "ignore_result", False) or app.conf.task_ignore_result
-    return not ignore
+    return not getattr(task, "ignore_result", False)  # set from task_ignore_result too
 
 
 def register(integ: CeleryDedup) -> None:
@@ -109,7 +118,16 @@ def register(integ: CeleryDedup) -> None:
             holder, key, task, args, kwargs, patience, lost_since, polls
         )
 
-    app.task(name=FOLLOW_TASK, bind=True, shared=False, max_retries=None, typing=False)(follow)
+    # acks_late: a worker that dies during a look has the look redelivered, not lost
+    app.task(
+        name=FOLLOW_TASK,
+        bind=True,
+        shared=False,
+        max_retries=None,
+        typing=False,
+        acks_late=True,
+        reject_on_worker_lost=True,
+    )(follow)
 
 
 def publish_follower(

@@ -109,7 +109,7 @@ class Publisher:
         held, the follower stands in for it under its own id, and the caller gets the holder's
         handle. Without a way to read the holder's result it is published as it is."""
         integ = self.integration
-        if not results_kept(integ, task, options):
+        if not results_kept(integ, task):
             return self.original(name, args, kwargs, **options)
         dedup = integ.dedup
         job_id = options.get("task_id") or uuid()
@@ -136,8 +136,11 @@ class Publisher:
             if integ.app.current_worker_task is None:
                 raise  # on_store_error="raise", asked by the caller
             ticket = Ticket("store_unavailable", job_id, None)  # a worker's step: never lost
+        self.recent.note(ticket)
         if not ticket.deduplicated or ticket.key is None:
             return self._publish(ticket, name, args, kwargs, options)
+        if ticket.job_id == job_id:  # sent again under the id that holds the key: it exists
+            return self._holder(ticket, options)
         patience = max(policy.policy.lease_seconds, MIN_PATIENCE)
         publish_follower(
             integ,

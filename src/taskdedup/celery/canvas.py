@@ -257,7 +257,9 @@ class Follower:
 
 def job_record(store: Store, key: str, job_id: str) -> Record:
     """What the store's record of ``job_id`` under ``key`` says (written at claim, renewed by
-    heartbeats, marked finished at finish). Stores other than Redis and memory: unknown."""
+    heartbeats, marked finished at finish). "unknown" only when the store could not answer
+    (keep waiting); a store that keeps no such record answers "none", so the follower's
+    patience, not a record, decides, and it never waits forever."""
     if isinstance(store, RedisStore):
         name = store.calls.names(key, "job:" + job_id)[0]
         try:
@@ -272,7 +274,7 @@ def job_record(store: Store, key: str, job_id: str) -> Record:
         if rec is None:
             return "none"
         return _read_record(rec.get("s"), rec.get("u"), now)
-    return "unknown"
+    return "none"
 
 
 def _read_record(status: Any, until: Any, now: int) -> Record:

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any, cast
 from kombu.utils.uuid import uuid
 
 from ..core import Step, Ticket
-from ..errors import QuotaExceeded, StoreUnavailable
+from ..errors import DuplicateJob, QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..recent import RecentKeys
 from ..reservations import ReservePolicy
 from ..stores.base import Acquire
 from ..stores.redis import RedisStore
+from .canvas import MIN_PATIENCE, continues, publish_follower, register, results_kept
 from .guarded import publish_guarded
 from .messages import (
     KEY_HEADER,
@@ -39,10 +40,6 @@ from .tasks import task_limits, task_policy
 if TYPE_CHECKING:
     from .integration import CeleryDedup
 
-#: A message that belongs to a group or chord, or carries what runs after it, is never dropped
-#: at enqueue: the canvas waits for that very id, so a deduplicated member would hang it.
-CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
-
 
 class Publisher:
     """Wraps ``app.send_task`` of one app."""
@@ -51,6 +48,7 @@ class Publisher:
         self.integration = integration
         self.original = original
         self.recent = RecentKeys()  # keys asked about before Celery builds a message
+        register(integration)  # taskdedup.follow, which stands in for a deduplicated member
 
     def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         integ = self.integration
@@ -60,16 +58,23 @@ class Publisher:
             return self.original(name, args, kwargs, **options)
         task = integ.app.tasks.get(name)
         policy = limits = None
-        if task is not None and not any(options.get(option) for option in CANVAS_OPTIONS):
+        if task is not None:
             policy = task_policy(task, integ.settings)
             limits = task_limits(task)
         if policy is None and limits is None and idempotency_key is None:
             return self.original(name, args, kwargs, **options)
         if task is not None:
             integ.prepare(task)  # a task registered after the app was finalized
+        member = continues(options)  # a canvas member: never capped, followed when a duplicate
+        if member:
+            limits = None
         retries = options.get("retries") or 0
         if retries and options.get("task_id"):  # Task.retry: same id, keeps its lock (G6)
             return self._publish_retry(task, policy, limits, name, args, kwargs, options)
+        if member:
+            if policy is None or idempotency_key is not None:
+                return self.original(name, args, kwargs, **options)
+            return self._publish_member(task, policy, name, args, kwargs, options)
         if idempotency_key is not None or limits is not None:
             idempotency = None
             if idempotency_key is not None:
@@ -96,6 +101,60 @@ class Publisher:
         if ticket.deduplicated:
             return self._holder(ticket, options)
         return self._publish(ticket, name, args, kwargs, options)
+
+    def _publish_member(
+        self, task: Any, policy: TaskPolicy, name: str, args: Any, kwargs: Any, options: Any
+    ) -> Any:
+        """A canvas member (see canvas.py): published when it holds its key; when the key is
+        held, the follower stands in for it under its own id, and the caller gets the holder's
+        handle. Without a way to read the holder's result it is published as it is."""
+        integ = self.integration
+        if not results_kept(integ, task):
+            return self.original(name, args, kwargs, **options)
+        dedup = integ.dedup
+        job_id = options.get("task_id") or uuid()
+        options["task_id"] = job_id
+        payload = None
+        if policy.policy.on_conflict == "reschedule_once":
+            payload = dump_call(
+                args or (), kwargs or {}, options.get("serializer") or task.serializer
+            )
+        plan = dedup.plan_enqueue(
+            policy,
+            args or (),
+            kwargs or {},
+            job_id,
+            queue_of(task, options),
+            delay_of(options),
+            payload,
+        )
+        try:
+            ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)
+        except DuplicateJob as dup:  # on_conflict="raise" would cut the canvas: follow instead
+            ticket = Ticket("duplicate", dup.job_id, dup.key)
+        except StoreUnavailable:
+            if integ.app.current_worker_task is None:
+                raise  # on_store_error="raise", asked by the caller
+            ticket = Ticket("store_unavailable", job_id, None)  # a worker's step: never lost
+        self.recent.note(ticket)
+        if not ticket.deduplicated or ticket.key is None:
+            return self._publish(ticket, name, args, kwargs, options)
+        if ticket.job_id == job_id:  # sent again under the id that holds the key: it exists
+            return self._holder(ticket, options)
+        patience = max(policy.policy.lease_seconds, MIN_PATIENCE)
+        publish_follower(
+            integ,
+            self.original,
+            task,
+            ticket.job_id,
+            ticket.key,
+            name,
+            args,
+            kwargs,
+            options,
+            patience,
+        )
+        return self._holder(ticket, options)
 
     def _publish_retry(
         self,

@@ -87,3 +87,24 @@ def test_after_a_timeout_each_asyncio_call_still_gets_its_own_answer(
 
     asyncio.run(main())
     admin.close()
+
+
+def test_a_redis_out_of_memory_is_unavailable_for_producers_and_workers() -> None:
+    """maxmemory reached under noeviction refuses every write: the producer follows
+    on_store_error and the worker sends the job back for later (G14), neither sees a raw
+    redis error."""
+    from redis_server import PrivateRedis
+
+    server = PrivateRedis(extra_args=["--maxmemory", "1", "--maxmemory-policy", "noeviction"])
+    with server:
+        dedup = Deduplicator(RedisStore.from_url(server.url, prefix="oom"))
+        ticket = dedup.enqueue(POLICY, ("abc",))
+        assert ticket.outcome == "store_unavailable" and ticket.should_publish
+        admission = dedup.claim(POLICY, ticket.job_id, args=("abc",))
+        assert admission.outcome == "store_unavailable" and admission.retry_after == 1
+        with pytest.raises(StoreUnavailable, match=r"did not answer"):
+            asyncio.run(
+                Deduplicator(dedup.store, Settings(on_store_error="raise")).aenqueue(
+                    POLICY, ("abc",)
+                )
+            )

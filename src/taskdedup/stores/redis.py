@@ -10,8 +10,10 @@ single slot. Time is read from the Redis server inside the scripts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import sys
+from collections.abc import Iterator
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -51,8 +53,27 @@ _UNAVAILABLE = (
     redis.exceptions.ReadOnlyError,  # a replica after failover
     redis.exceptions.ClusterDownError,
     redis.exceptions.TryAgainError,
+    redis.exceptions.OutOfMemoryError,  # maxmemory reached with noeviction: writes refused
+    redis.exceptions.MasterDownError,
     OSError,
 )
+#: Error replies that also mean "not now": a server that cannot persist and so refuses writes,
+#: one busy with a long script, one without enough replicas.
+_UNAVAILABLE_REPLIES = ("MISCONF", "BUSY ", "NOREPLICAS", "LOADING")
+
+
+@contextlib.contextmanager
+def _answering() -> Iterator[None]:
+    """Raise StoreUnavailable for a Redis that cannot answer now (G5, G13): an accepted job is
+    then sent back and claimed again later, never failed (G14); a bug raises as it is."""
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
+    except redis.exceptions.ResponseError as exc:
+        if not str(exc).startswith(_UNAVAILABLE_REPLIES):
+            raise
+        raise StoreUnavailable(f"Redis cannot answer now: {exc}") from exc
 
 
 class _LoopClients:
@@ -284,28 +305,24 @@ class RedisStore(Store):
     # -- the protocol
 
     def run(self, op: Op[R]) -> R:
-        try:
+        with _answering():
             builder = self.calls.single.get(type(op))
             if builder is not None:
                 call = builder(op)
                 raw = self._eval(call.script, call.keys, call.args)
                 return cast(R, call.parse(raw))
             return cast(R, self._run_special(op))
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
 
     async def arun(self, op: Op[R]) -> R:
         if self.async_client is None:
             return await asyncio.to_thread(self.run, op)
-        try:
+        with _answering():
             builder = self.calls.single.get(type(op))
             if builder is not None:
                 call = builder(op)
                 raw = await self._aeval(call.script, call.keys, call.args)
                 return cast(R, call.parse(raw))
             return cast(R, await self._arun_special(op))
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
 
     # -- a broker on this same server: lock and message in one step
 
@@ -323,10 +340,8 @@ class RedisStore(Store):
         in the same script: one round trip, and no window where one exists without the other
         (so the lock needs no confirmation, G11). ``queue`` must live on this server."""
         call = self.calls.acquire(op)
-        try:
+        with _answering():
             raw = self._eval("acquire", [*call.keys, queue], [*call.args, message])
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
         return parse_acquire(raw)
 
     async def aacquire_and_push(
@@ -336,10 +351,8 @@ class RedisStore(Store):
         if self.async_client is None:
             return await asyncio.to_thread(self.acquire_and_push, op, queue, message)
         call = self.calls.acquire(op)
-        try:
+        with _answering():
             raw = await self._aeval("acquire", [*call.keys, queue], [*call.args, message])
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
         return parse_acquire(raw)
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from taskdedup.stores.base import (
     Lease,
     ListScopes,
     ListSlots,
+    Peek,
     Release,
     Remember,
     Reserve,
@@ -161,6 +162,24 @@ def test_a_job_with_no_lock_of_its_own_waits_for_the_job_that_holds_its_key(h: H
     h.store.run(claim(k, "B", lease_ms=5_000))
     h.store.run(Finish(k, "B", throttle=True, memory_ms=HOUR))
     assert h.store.run(claim(k, "unlocked", lease_ms=5_000)).outcome == "run"
+
+
+def test_a_holder_being_published_is_answered_pending_until_confirmed_or_running(
+    h: Harness,
+) -> None:
+    # its publish may still fail and free the key: a duplicate must not settle for it yet
+    k = new_key()
+    h.store.run(acquire(k, "A", grace_ms=60_000))
+    first = h.store.run(acquire(k, "B"))
+    assert first.pending and first.holder == "A" and first.duplicates == 1
+    peek = h.store.run(Peek(k))
+    assert peek is not None and peek.pending and peek.duplicates == 1  # not counted again
+    h.store.run(Confirm(((k, "A"),)))
+    assert not h.store.run(acquire(k, "C")).pending
+    k2 = new_key()
+    h.store.run(acquire(k2, "A", grace_ms=60_000))
+    h.store.run(claim(k2, "A"))  # it runs, so it was published, confirmed or not
+    assert not h.store.run(acquire(k2, "B")).pending
 
 
 def test_redelivery_of_a_finished_job_does_not_run_again(h: Harness) -> None:

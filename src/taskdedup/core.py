@@ -9,11 +9,13 @@ both adapters. Every decision is logged on the ``taskdedup`` logger and counted 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,6 +54,11 @@ BUSY_DELAY = 1.0
 FULL_DELAY = 2.0
 #: The longest wait between two tries of a delivery the store could not claim (G14).
 STORE_RETRY_MAX = 30.0
+#: How long a duplicate waits for a holder whose publish is not confirmed yet (it may fail
+#: and free the key) before it is answered with that holder all the same, and how often it
+#: asks again meanwhile.
+HOLDER_WAIT = 5.0
+HOLDER_POLL = 0.05
 AdmissionOutcome = Literal[
     "run", "running", "done", "busy", "exhausted", "store_unavailable", "skipped"
 ]
@@ -105,6 +112,10 @@ class Admission:
         return self.outcome in ("run", "skipped") or self.dry_run
 
 
+def _holder_pending(reply: AcquireReply) -> bool:
+    return reply.pending and not reply.acquired
+
+
 def store_retry_delay(waits: int) -> float:
     """How long a delivery waits before its next claim after ``waits`` claims the store could
     not answer: 1, 2, 4 ... seconds, at most STORE_RETRY_MAX."""
@@ -123,11 +134,18 @@ class Completion:
 class Step(Generic[T]):
     """A planned decision: the store operation to run, how to read its reply, and what to do
     if the store is down. An adapter with a faster way to run ``op`` (the Celery adapter
-    fuses an enqueue's acquire with the broker's push) runs it itself and calls ``done``."""
+    fuses an enqueue's acquire with the broker's push) runs it itself and calls ``done``,
+    unless ``waits`` says that reply is not final yet: then it runs the Step as usual.
+
+    ``waits``: a reply that is not an answer yet (the key's holder is still being published,
+    and may yet fail): the runners ask again with ``again`` every HOLDER_POLL seconds, for
+    HOLDER_WAIT at most, then take the last reply as it is."""
 
     op: Op[Any]
     done: Callable[[Any], T]
     failed: Callable[[StoreUnavailable], T]
+    waits: Callable[[Any], bool] | None = None
+    again: Op[Any] | None = None
 
 
 _CLAIM_MODES: dict[str, tuple[LockMode, bool]] = {
@@ -171,18 +189,28 @@ class Deduplicator:
         return await self._arun(step)
 
     def _run(self, step: Step[T]) -> T:
-        try:
-            reply = self.store.run(step.op)
-        except StoreUnavailable as exc:
-            return step.failed(exc)
-        return step.done(reply)
+        op, deadline = step.op, time.monotonic() + HOLDER_WAIT
+        while True:
+            try:
+                reply = self.store.run(op)
+            except StoreUnavailable as exc:
+                return step.failed(exc)
+            if step.waits is None or not step.waits(reply) or time.monotonic() > deadline:
+                return step.done(reply)
+            op = step.again or step.op
+            time.sleep(HOLDER_POLL)
 
     async def _arun(self, step: Step[T]) -> T:
-        try:
-            reply = await self.store.arun(step.op)
-        except StoreUnavailable as exc:
-            return step.failed(exc)
-        return step.done(reply)
+        op, deadline = step.op, time.monotonic() + HOLDER_WAIT
+        while True:
+            try:
+                reply = await self.store.arun(op)
+            except StoreUnavailable as exc:
+                return step.failed(exc)
+            if step.waits is None or not step.waits(reply) or time.monotonic() > deadline:
+                return step.done(reply)
+            op = step.again or step.op
+            await asyncio.sleep(HOLDER_POLL)
 
     def note(self, decision: str, outcome: str, level: int, task: str, **fields: Any) -> None:
         with self._stats_lock:
@@ -288,7 +316,15 @@ class Deduplicator:
             self.store_unavailable("enqueue", task, exc, key=key, job=job_id)
             return Ticket("store_unavailable", job_id, key)
 
-        return Step(op, done, failed)
+        # A holder still being published may fail and free the key: answering with it could
+        # lose this call's work, so ask again (counted once) until it is confirmed or gone.
+        return Step(
+            op,
+            done,
+            failed,
+            waits=None if dry else _holder_pending,
+            again=dataclasses.replace(op, record_duplicate=False, payload=None),
+        )
 
     def plan_held(self, tp: TaskPolicy, key: str) -> Step[Ticket | None] | None:
         """An adapter's shortcut for a likely duplicate: a Step answering the holder's Ticket
@@ -300,8 +336,8 @@ class Deduplicator:
             return None
 
         def done(reply: AcquireReply | None) -> Ticket | None:
-            if reply is None:
-                return None
+            if reply is None or reply.pending:  # free, or a holder that may yet fail:
+                return None  # the usual enqueue decides
             self.note("enqueue", "duplicate", logging.INFO, task, key=key, holder=reply.holder)
             if p.on_conflict == "raise":
                 raise DuplicateJob(reply.holder, key, task)

@@ -263,9 +263,11 @@ class Publisher:
             result = self.original(name, args, kwargs, **options)
         except NotPublished:
             self._forget_subscription(job_id, options)
-            ticket = step.done(pending.reply)  # a duplicate; raises DuplicateJob if asked to
-            self.recent.note(ticket)
-            return self._holder(ticket, options)
+            if step.waits is None or not step.waits(pending.reply):
+                ticket = step.done(pending.reply)  # a duplicate; raises DuplicateJob if asked
+                self.recent.note(ticket)
+                return self._holder(ticket, options)
+            result = None  # the holder is still being published: ask again, below
         except StoreDown as down:  # on_store_error="raise", kept from kombu's retries
             raise down.error from None
         except BaseException:
@@ -274,6 +276,12 @@ class Publisher:
             raise
         finally:
             PENDING.reset(token)
+        if result is None:  # ask until the holder is confirmed (a duplicate) or gone (ours)
+            ticket = dedup.run(step)
+            self.recent.note(ticket)
+            if ticket.deduplicated:
+                return self._holder(ticket, options)
+            return self._publish(ticket, name, args, kwargs, options)
         if pending.ticket is not None:  # the store was down: published without dedup
             ticket = pending.ticket
         elif pending.reply is not None:

@@ -52,6 +52,7 @@ class AcquireReply:
     holder: str  # the job id that holds the lock (ours when acquired)
     fence: int
     duplicates: int
+    pending: bool = False  # the holder's publish is not confirmed yet: it may still fail
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,7 +133,8 @@ class Acquire(Op[AcquireReply]):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Peek(Op["AcquireReply | None"]):
     """Who holds the enqueue lock, counting the caller as a duplicate; None when it is free
-    (nothing is taken then: the caller acquires as usual)."""
+    (nothing is taken then: the caller acquires as usual). A holder whose publish is not
+    confirmed yet is answered ``pending`` and nothing is counted."""
 
     key: str
     record_duplicate: bool = True

@@ -161,7 +161,9 @@ class MemoryStore(Store):
                 lock["d"] += 1
                 if op.payload is not None:
                     lock["p"] = op.payload
-            return AcquireReply(False, lock["j"], lock["f"], lock["d"])
+            return AcquireReply(
+                False, lock["j"], lock["f"], lock["d"], pending=lock["s"] == "q" and lock["c"] == 0
+            )
         fence = self._next_fence(op.key, op.ttl_ms, now)
         confirmed = 1 if op.grace_ms >= op.ttl_ms else 0
         self._put(
@@ -175,6 +177,8 @@ class MemoryStore(Store):
         lock = self._get(self._name(op.key, "lock"), now)
         if lock is None:
             return None
+        if lock["s"] == "q" and lock["c"] == 0:
+            return AcquireReply(False, lock["j"], lock["f"], lock["d"], pending=True)
         if op.record_duplicate:
             lock["d"] += 1
         return AcquireReply(False, lock["j"], lock["f"], lock["d"])
@@ -211,7 +215,7 @@ class MemoryStore(Store):
         if lock is not None and lock["j"] == op.job_id:
             fence = lock["f"]
             if op.lock == "hold":
-                lock["s"] = "r"
+                lock["s"], lock["c"] = "r", 1  # it was published: it runs
                 self._expire(lock_name, now + op.lease_ms)
             elif op.lock == "release":
                 if lock["d"] > 0 and op.handoff_job_id:

@@ -272,13 +272,13 @@ def parse_remember(r: Any) -> RememberReply:
 def parse_peek(r: Any) -> AcquireReply | None:
     if r is None:
         return None
-    fence, dups, holder = as_text(r).split(" ", 2)
-    return AcquireReply(False, holder, int(fence), int(dups))
+    state, fence, dups, holder = as_text(r).split(" ", 3)
+    return AcquireReply(False, holder, int(fence), int(dups), pending=state == "p")
 
 
 def parse_acquire(r: Any) -> AcquireReply:
-    acquired, fence, dups, holder = as_text(r).split(" ", 3)
-    return AcquireReply(acquired == "1", holder, int(fence), int(dups))
+    state, fence, dups, holder = as_text(r).split(" ", 3)
+    return AcquireReply(state == "1", holder, int(fence), int(dups), pending=state == "p")
 
 
 def parse_claim(r: Sequence[Any]) -> ClaimReply:

@@ -358,13 +358,24 @@ class Producer:
             step.failed(exc)  # logs (on_store_error="raise" never takes this path)
             await self._send(message)  # publish without dedup (G5)
             return
-        ticket = step.done(reply)
+        if step.waits is not None and step.waits(reply):  # the holder is being published:
+            ticket = await self.mw.dedup.arun(step)  # ask until it is confirmed or gone
+        else:
+            ticket = step.done(reply)
         self.recent.note(ticket)
         if ticket.deduplicated:
             decision.deduplicated = True
             decision.job_id = decision.message.task_id = ticket.job_id
             remember(decision)
-        elif not reply.acquired:  # dry run: a duplicate is published all the same
+        elif ticket.acquired and not reply.acquired:  # the holder's publish failed: ours now
+            decision.ticket = ticket
+            try:
+                await self._send(message)
+            except BaseException:
+                await give_back(self, decision)  # G5
+                raise
+            self.mw.dedup.published(ticket)
+        elif not reply.acquired:  # dry run, or the store went down: published all the same
             await self._send(message)
 
     async def _send(self, message: BrokerMessage) -> None:

@@ -5,7 +5,9 @@
 -- With a list (the broker's queue, on this same server) the job's message is pushed there when
 -- the lock is ours, in the same atomic step: lock and message appear together or not at all.
 -- The push is the first write, so if it fails (a key of the wrong type) nothing is written.
--- Reply: one string "<acquired 1/0> <fence> <duplicates> <holder>" (cheaper to read than an array).
+-- Reply: one string "<state> <fence> <duplicates> <holder>" (cheaper to read than an array);
+-- state 1 = ours, 0 = another job's, p = another job's whose publish is not confirmed yet (it
+-- may still fail and free the key: the caller asks again rather than answer with it).
 local n = #ARGV
 local message
 if KEYS[3] then message = ARGV[n]; n = n - 1 end
@@ -35,7 +37,9 @@ if lock[1] then
     dups = redis.call('HINCRBY', KEYS[1], 'd', 1)
     if payload then redis.call('HSET', KEYS[1], 'p', payload) end
   end
-  return '0 ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]
+  local state = '0'
+  if lock[4] == 'q' and lock[5] == '0' then state = 'p' end
+  return state .. ' ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]
 end
 if KEYS[3] then redis.call('LPUSH', KEYS[3], message) end
 local ttl, grace = tonumber(ARGV[2]), tonumber(ARGV[3])

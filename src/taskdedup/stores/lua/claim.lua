@@ -46,7 +46,7 @@ local handoff, payload = '', false
 if lock[1] == job then
   fence = lock[2]
   if ARGV[5] == 'hold' then
-    redis.call('HSET', KEYS[1], 's', 'r')
+    redis.call('HSET', KEYS[1], 's', 'r', 'c', '1')  -- it was published: it runs
     redis.call('PEXPIRE', KEYS[1], lease)
   elseif ARGV[5] == 'release' then
     if tonumber(lock[3]) > 0 and ARGV[10] ~= '' then

@@ -1,9 +1,11 @@
 -- Is the enqueue lock held? If so, count the caller as one more duplicate, as acquire would.
 -- Takes nothing when the key is free: the caller then enqueues by the usual acquire.
 -- KEYS: lock   ARGV: record_duplicate (1/0)
--- Reply: nil when free, else one string "<fence> <duplicates> <holder>".
-local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd')
+-- Reply: nil when free, else one string "<state> <fence> <duplicates> <holder>", state as
+-- acquire's (0, or p while the holder's publish is not confirmed: then nothing is counted).
+local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 'c', 's')
 if not lock[1] then return false end
+if lock[4] == '0' and lock[5] == 'q' then return 'p ' .. lock[2] .. ' ' .. lock[3] .. ' ' .. lock[1] end
 local dups = lock[3]
 if ARGV[1] == '1' then dups = redis.call('HINCRBY', KEYS[1], 'd', 1) end
-return lock[2] .. ' ' .. dups .. ' ' .. lock[1]
+return '0 ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]

@@ -21,12 +21,13 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--producers", type=int)
     parser.add_argument("--rate", type=float, help="submissions/s per producer")
-    parser.add_argument("--kill-every", type=float, help="mean seconds between kill -9s")
+    parser.add_argument("--kill-every", type=float, help="mean seconds between kill -9s (0: none)")
     parser.add_argument(
         "--no-dedup",
         action="store_true",
         help="run with TASKDEDUP_ENABLED=false: the overlap detector must then find overlaps",
     )
+    parser.add_argument("--no-faults", action="store_true", help="no store or broker faults")
     parser.add_argument("--output", type=Path, help="JSON report (default chaos/last-run.json)")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
@@ -37,6 +38,7 @@ def parse(argv: list[str] | None) -> Options:
     options.seed = args.seed
     options.dedup = not args.no_dedup
     options.keep_logs = args.keep_logs
+    options.faults = not args.no_faults
     return options
 
 
@@ -66,7 +68,8 @@ def summary(report: dict[str, Any]) -> list[str]:
         f"  (not counted: published by kombu but never received by any worker, lost in the "
         f"broker transport: {u['lost_in_transport']})",
         f"keys still held one lease after the load: {h['count']}  ({h['records']} lock records "
-        f"on the store)",
+        f"on the store; not counted: {h['held_by_jobs_lost_in_transport']} held by jobs lost "
+        f"in the transport)",
         f"revoked/expired keys still held: {h['revoked_count']}",
     ]
     return lines

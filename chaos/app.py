@@ -50,7 +50,8 @@ app = Celery("chaos", broker=BROKER_URL, backend=RECORDS_URL, set_as_current=Tru
 app.conf.update(
     broker_transport_options={
         "visibility_timeout": VISIBILITY_TIMEOUT,
-        "unacked_restore_interval": 1,
+        "unacked_restore_interval": 1,  # look for messages of dead workers every second
+        "unacked_restore_throttle": 1,
     },
     broker_connection_retry_on_startup=True,
     broker_connection_max_retries=None,
@@ -152,7 +153,14 @@ TASK_OPTIONS: dict[str, Any] = {
     "default_retry_delay": 0.3,
     "shared": False,
 }
-POLICY: dict[str, Any] = {"lease": LEASE, "ttl": TTL, "keys": ["name"]}
+#: including_scheduled: countdown jobs are deduplicated too, so "never two at once" is promised
+#: for every job of these tasks, not only for those sent without a delay
+POLICY: dict[str, Any] = {
+    "lease": LEASE,
+    "ttl": TTL,
+    "keys": ["name"],
+    "including_scheduled": True,
+}
 
 
 @deduplicate("until_executed", **POLICY)

@@ -103,6 +103,16 @@ class Jobs:
                 self.revoked.add(entry["job"])
         self.revoked |= {job for job, st in self.states.items() if st.get("status") == "REVOKED"}
 
+    def lost_in_transport(self, job: str, runs: list[Run]) -> bool:
+        """Published by kombu, never received by a worker, never run, not revoked/expired."""
+        about = self.about(job)
+        return (
+            about["published"]
+            and not about["received"]
+            and about["result"] is None
+            and not any(r.job == job for r in runs)
+        )
+
     def about(self, job: str | None) -> dict[str, Any]:
         if job is None:
             return {}
@@ -200,7 +210,7 @@ def unfinished(runs: list[Run], jobs: Jobs) -> dict[str, Any]:
             "result_detail": str((jobs.states.get(job) or {}).get("result"))[:200],
             "runs": [(r.attempt, r.ended_by, r.outcome) for r in runs if r.job == job],
         }
-        if about["published"] and not about["received"] and not item["runs"]:
+        if jobs.lost_in_transport(job, runs):
             transport.append(item)
         else:
             missing.append(item)
@@ -217,21 +227,31 @@ def unfinished(runs: list[Run], jobs: Jobs) -> dict[str, Any]:
 
 
 def still_held(
-    held: list[dict[str, Any]], digests: dict[str, tuple[str, str]], jobs: Jobs
+    held: list[dict[str, Any]],
+    digests: dict[str, tuple[str, str]],
+    jobs: Jobs,
+    runs: list[Run],
 ) -> dict[str, Any]:
     """Keys the store still holds after the queues drained and one lease (+ grace) passed;
-    those whose holder is a revoked or expired job are counted apart as well."""
+    those whose holder is a revoked or expired job are counted apart as well. Not counted: a
+    key whose holder's message the broker transport lost (no worker ever saw it, so no library
+    can free it before its ttl)."""
     samples: list[dict[str, Any]] = []
     revoked_held: list[dict[str, Any]] = []
+    transport: list[dict[str, Any]] = []
     for record in held:
         task, name = digests.get(record["digest"], ("?", "?"))
         item = {**record, "task": task, "name": name, **jobs.about(record.get("job"))}
+        if record.get("job") and jobs.lost_in_transport(record["job"], runs):
+            transport.append(item)
+            continue
         samples.append(item)
         if record.get("job") in jobs.revoked:
             revoked_held.append(item)
     return {
-        "count": len({h["digest"] for h in held}),
+        "count": len({h["digest"] for h in samples}),
         "records": len(held),
+        "held_by_jobs_lost_in_transport": len(transport),
         "samples": samples[:SAMPLES],
         "revoked_count": len({h["digest"] for h in revoked_held}),
         "revoked_samples": revoked_held[:SAMPLES],

@@ -48,6 +48,7 @@ class Options:
     drain_timeout: float = 120.0
     seed: int = 0
     dedup: bool = True
+    faults: bool = True  # store stall and stop, broker restart
     output: Path = ROOT / "chaos" / "last-run.json"
     keep_logs: bool = False
 
@@ -166,6 +167,8 @@ class Soak:
     def fault_schedule(self, started: float) -> None:
         """Store stall (SIGSTOP), store stop, broker restart, at fixed points of the load."""
         t = self.o.seconds
+        if not self.o.faults:
+            return
         plan = [(0.22 * t, "stall"), (0.42 * t, "store_stop"), (0.62 * t, "broker_restart")]
         if t >= 150:
             plan += [(0.75 * t, "stall"), (0.85 * t, "store_stop")]
@@ -196,7 +199,7 @@ class Soak:
         while time.monotonic() - started < self.o.seconds:
             self.restart_dead()
             self.sample_locks()
-            if time.monotonic() >= next_kill:
+            if self.o.kill_every > 0 and time.monotonic() >= next_kill:
                 self.kill_one()
                 next_kill = time.monotonic() + self.rng.uniform(
                     0.6 * self.o.kill_every, 1.4 * self.o.kill_every
@@ -326,7 +329,7 @@ class Soak:
             },
             "overlaps": check.overlaps(runs, EXCLUSIVE_TASKS, jobs),
             "unfinished": check.unfinished(runs, jobs),
-            "held": check.still_held(held, digests, jobs),
+            "held": check.still_held(held, digests, jobs, runs),
         }
         report["violations"] = {
             "overlaps": report["overlaps"]["count"],

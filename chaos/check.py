@@ -92,6 +92,8 @@ class Jobs:
     states: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     published: set[str] = dataclasses.field(default_factory=set)
     received: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: only once the broker is empty is a message no worker received known to be lost
+    drained: bool = True
 
     def __post_init__(self) -> None:
         self.submits: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -107,7 +109,8 @@ class Jobs:
         """Published by kombu, never received by a worker, never run, not revoked/expired."""
         about = self.about(job)
         return (
-            about["published"]
+            self.drained
+            and about["published"]
             and not about["received"]
             and about["result"] is None
             and not any(r.job == job for r in runs)

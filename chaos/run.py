@@ -54,7 +54,7 @@ class Options:
 
     @classmethod
     def short(cls) -> Options:
-        return cls(seconds=70.0, rate=3.5, names=60, kill_every=3.5, drain_timeout=45.0)
+        return cls(seconds=90.0, rate=3.5, names=60, kill_every=3.5, drain_timeout=45.0)
 
 
 def say(message: str) -> None:
@@ -297,6 +297,7 @@ class Soak:
             self.result_states(sorted(ids)),
             set(self.records.smembers(PUBLISHED)),
             {k: int(v) for k, v in self.records.hgetall(RECEIVED).items()},
+            drained,
         )
         digests, mismatched = key_digests(events, self.o.names)
         submits = [e for e in ledger if e["ev"] == "submit"]

@@ -179,6 +179,7 @@ def overlaps(runs: list[Run], exclusive_tasks: set[str], jobs: Jobs) -> dict[str
                     )
     return {
         "count": len(found),
+        "keys_with_overlap": len({(f["task"], f["name"]) for f in found}),
         "keys_examined": len(by_key),
         "runs_examined": sum(len(v) for v in by_key.values()),
         "pairs_compared": compared,

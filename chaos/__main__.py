@@ -59,7 +59,8 @@ def summary(report: dict[str, Any]) -> list[str]:
         f"key digest mismatches: {t['key_digest_mismatches']}",
         f"queues drained: {report['drained']}",
         "",
-        f"overlaps: {o['count']}  (pairs of runs, on {o['keys_with_overlap']} keys; examined {o['runs_examined']} runs of {o['keys_examined']} "
+        f"overlaps: {o['count']}  (pairs of runs, on {o['keys_with_overlap']} keys; examined "
+        f"{o['runs_examined']} runs of {o['keys_examined']} "
         f"exclusive keys, {o['pairs_compared']} pairs; fencing tokens gone backwards: "
         f"{o['fence_regressions']}; runs with no fencing token: {o['runs_without_fence']})",
         f"accepted but never finished: {u['count']}  (examined {u['jobs_examined']} job ids "

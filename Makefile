@@ -6,9 +6,9 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 PYTEST_ARGS ?=
 # Only the directories that exist: examples/ and benchmarks/ may not yet.
-LINT_DIRS := $(wildcard src tests examples benchmarks)
+LINT_DIRS := $(wildcard src tests examples benchmarks chaos)
 
-.PHONY: venv test lint type demo bench format clean distclean
+.PHONY: venv test lint type demo bench chaos format clean distclean
 
 venv: $(STAMP)
 
@@ -46,6 +46,11 @@ demo: venv
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks
+
+# The soak of issue 11 (a few minutes): CHAOS_ARGS="--seconds 300" or "--short" to change it.
+CHAOS_ARGS ?=
+chaos: venv
+	$(BIN)/python -m chaos $(CHAOS_ARGS)
 
 format: venv
 	$(BIN)/ruff check --fix $(LINT_DIRS)

@@ -1,0 +1,100 @@
+"""``python -m chaos``: run the soak, print the invariants, write chaos/last-run.json.
+
+Exits 1 if any invariant is violated (or the queues never drained), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .run import Options, Soak
+
+
+def parse(argv: list[str] | None) -> Options:
+    parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
+    parser.add_argument("--short", action="store_true", help="the short soak (under 3 minutes)")
+    parser.add_argument("--seconds", type=float, help="seconds of load")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--producers", type=int)
+    parser.add_argument("--rate", type=float, help="submissions/s per producer")
+    parser.add_argument("--kill-every", type=float, help="mean seconds between kill -9s (0: none)")
+    parser.add_argument(
+        "--no-dedup",
+        action="store_true",
+        help="run with TASKDEDUP_ENABLED=false: the overlap detector must then find overlaps",
+    )
+    parser.add_argument("--no-faults", action="store_true", help="no store or broker faults")
+    parser.add_argument("--output", type=Path, help="JSON report (default chaos/last-run.json)")
+    parser.add_argument("--keep-logs", action="store_true")
+    args = parser.parse_args(argv)
+    options = Options.short() if args.short else Options()
+    for name in ("seconds", "producers", "rate", "kill_every", "output"):
+        if getattr(args, name) is not None:
+            setattr(options, name, getattr(args, name))
+    options.seed = args.seed
+    options.dedup = not args.no_dedup
+    options.keep_logs = args.keep_logs
+    options.faults = not args.no_faults
+    return options
+
+
+def summary(report: dict[str, Any]) -> list[str]:
+    t, o, u, h = report["totals"], report["overlaps"], report["unfinished"], report["held"]
+    lines = [
+        f"submissions: {t['submissions']} (accepted {t['accepted_fresh']}, deduplicated "
+        f"{t['deduplicated']}, refused with an error {t['refused_with_error']} "
+        f"{t['errors_by_type']}), revokes sent {t['revokes_sent']}, with expires "
+        f"{t['with_expires']}, with countdown {t['with_countdown']}",
+        f"runs: {t['runs']} (ended {t['runs_ended']}, cut by kill -9 {t['runs_cut_by_kill']}, "
+        f"open and unexplained {t['runs_open_unexplained']}), outcomes {t['outcomes']}",
+        f"kills: {t['kills_child']} pool children + {t['kills_worker']} whole workers "
+        f"(restarts {t['worker_restarts']}); faults: "
+        + ", ".join(f"{f['fault']} {f['seconds']}s" for f in t["faults"]),
+        f"store: appendonly yes + appendfsync always (a store that loses its data loses its "
+        f"locks); locks seen held during the load: up to {t['max_locks_held_during_load']}; "
+        f"key digest mismatches: {t['key_digest_mismatches']}",
+        f"queues drained: {report['drained']}",
+        "",
+        f"overlaps: {o['count']}  (pairs of runs, on {o['keys_with_overlap']} keys; examined "
+        f"{o['runs_examined']} runs of {o['keys_examined']} "
+        f"exclusive keys, {o['pairs_compared']} pairs; fencing tokens gone backwards: "
+        f"{o['fence_regressions']}; runs with no fencing token: {o['runs_without_fence']})",
+        f"accepted but never finished: {u['count']}  (examined {u['jobs_examined']} job ids "
+        f"handed to callers, {u['finished']} finished, {u['excused_revoked_or_expired']} "
+        f"revoked/expired by the worker)",
+        f"  (not counted: published by kombu but never received by any worker, lost in the "
+        f"broker transport: {u['lost_in_transport']})",
+        f"keys still held one lease after the load: {h['count']}  ({h['records']} lock records "
+        f"on the store; not counted: {h['held_by_jobs_lost_in_transport']} held by jobs lost "
+        f"in the transport)",
+        f"revoked/expired keys still held: {h['revoked_count']}",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse(argv)
+    report = Soak(options).run()
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    options.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print("\n".join(summary(report)))
+    for section, samples in (
+        ("overlap", report["overlaps"]["samples"]),
+        ("fence regression", report["overlaps"]["fence_regression_samples"]),
+        ("never finished", report["unfinished"]["samples"]),
+        ("lost in transport", report["unfinished"]["lost_in_transport_samples"]),
+        ("still held", report["held"]["samples"]),
+    ):
+        for sample in samples[:3]:
+            print(f"  sample {section}: {json.dumps(sample, default=str)}")
+    print(f"report: {options.output}")
+    failed = any(report["violations"].values()) or not report["drained"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

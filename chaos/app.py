@@ -1,0 +1,197 @@
+"""The soak's Celery app, imported by the workers (``celery -A chaos.app worker``) and producers.
+
+Everything comes from the environment the orchestrator sets: the broker, the store and the
+records server. Each task body records its own start and end (job id, attempt, fencing token,
+pid, wall-clock time) on the records server, which no fault ever touches, so the checker can
+rebuild every execution afterwards.
+
+Tasks: one per strategy, all keyed on ``name`` only, lease 2 s (kills are recovered quickly),
+``acks_late`` with ``task_reject_on_worker_lost`` and a 5 s visibility timeout (a killed job is
+delivered again, as at-least-once users configure it). ``behavior`` decides the outcome:
+``ok``; ``flakyN`` raises a retryable error on its first N attempts (autoretry, max 3);
+``fail`` raises a non-retryable error (a final failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+from taskdedup.celery import deduplicate, install
+
+from .config import (
+    GRACE,
+    LEASE,
+    LEDGER,
+    PUBLISHED,
+    QUEUE,
+    RECEIVED,
+    RUNNING,
+    RUNS,
+    STORE_PREFIX,
+    STORE_TIMEOUT,
+    TTL,
+    VISIBILITY_TIMEOUT,
+)
+
+__all__ = ["LEDGER", "TASKS", "app", "records"]
+
+BROKER_URL = os.environ["CHAOS_BROKER_URL"]
+STORE_URL = os.environ["CHAOS_STORE_URL"]
+RECORDS_URL = os.environ["CHAOS_RECORDS_URL"]
+
+app = Celery("chaos", broker=BROKER_URL, backend=RECORDS_URL, set_as_current=True)
+app.conf.update(
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY_TIMEOUT,
+        "unacked_restore_interval": 1,  # look for messages of dead workers every second
+        "unacked_restore_throttle": 1,
+    },
+    broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
+    broker_heartbeat=0,
+    task_default_queue=QUEUE,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    result_expires=3600,
+    taskdedup_url=f"{STORE_URL}?socket_timeout={STORE_TIMEOUT}&socket_connect_timeout={STORE_TIMEOUT}",
+    taskdedup_key_prefix=STORE_PREFIX,
+    taskdedup_grace=GRACE,
+    taskdedup_default_lease=LEASE,
+)
+if os.environ.get("CHAOS_ROLE") == "worker":
+    # A retry (or taskdedup's own re-send) published while the broker restarts waits for it,
+    # as a user running through broker restarts would configure it; producers keep Celery's
+    # default and see the error.
+    app.conf.task_publish_retry_policy = {
+        "max_retries": 30,
+        "interval_start": 0,
+        "interval_step": 0.5,
+        "interval_max": 1,
+    }
+install(app)
+records = redis.Redis.from_url(RECORDS_URL)
+
+
+class Flaky(Exception):
+    """A retryable failure (autoretry_for)."""
+
+
+class Broken(Exception):
+    """A final failure: not retried."""
+
+
+@signals.worker_ready.connect
+def ready(sender: Any = None, **_: object) -> None:
+    records.set(f"ready:{os.environ.get('CHAOS_WORKER_TAG', '?')}", os.getpid())
+
+
+@signals.after_task_publish.connect
+def published(headers: Any = None, **_: object) -> None:
+    """The message left kombu's publish: from here on, losing it is the transport's doing."""
+    job = (headers or {}).get("id")
+    if job:
+        records.sadd(PUBLISHED, job)
+
+
+@signals.task_received.connect
+def received(request: Any = None, **_: object) -> None:
+    """A worker took the message off the broker (each delivery counts)."""
+    if request is not None:
+        records.hincrby(RECEIVED, request.id, 1)
+
+
+def body(task: Any, name: str, behavior: str, seconds: float) -> str:
+    """Record the start, work for ``seconds``, record the end with its outcome."""
+    request = task.request
+    run = uuid.uuid4().hex
+    pid = os.getpid()
+    start = {
+        "ev": "start",
+        "run": run,
+        "task": task.name,
+        "name": name,
+        "job": request.id,
+        "attempt": request.retries or 0,
+        "fence": getattr(request, "taskdedup_fence", None),
+        "dkey": getattr(request, "taskdedup_key", None),
+        "pid": pid,
+        "t": time.time(),
+    }
+    records.hset(RUNNING, str(pid), request.id)
+    records.rpush(RUNS, json.dumps(start))
+    time.sleep(seconds)
+    attempt = request.retries or 0
+    if behavior.startswith("flaky") and attempt < int(behavior[5:]):
+        outcome, error = "retry", Flaky(f"{name} attempt {attempt}")
+    elif behavior == "fail":
+        outcome, error = "fail", Broken(name)
+    else:
+        outcome, error = "ok", None
+    end = {"ev": "end", "run": run, "job": request.id, "pid": pid, "t": time.time()}
+    end["outcome"] = outcome
+    records.rpush(RUNS, json.dumps(end))
+    records.hdel(RUNNING, str(pid))
+    if error is not None:
+        raise error
+    return name
+
+
+TASK_OPTIONS: dict[str, Any] = {
+    "bind": True,
+    "acks_late": True,
+    "autoretry_for": (Flaky,),
+    "max_retries": 3,
+    "default_retry_delay": 0.3,
+    "shared": False,
+}
+#: including_scheduled: countdown jobs are deduplicated too, so "never two at once" is promised
+#: for every job of these tasks, not only for those sent without a delay
+POLICY: dict[str, Any] = {
+    "lease": LEASE,
+    "ttl": TTL,
+    "keys": ["name"],
+    "including_scheduled": True,
+}
+
+
+@deduplicate("until_executed", **POLICY)
+@app.task(name="chaos.until_executed", **TASK_OPTIONS)
+def until_executed(self: Any, name: str, behavior: str = "ok", seconds: float = 0.1) -> str:
+    return body(self, name, behavior, seconds)
+
+
+@deduplicate("until_and_while_executing", **POLICY)
+@app.task(name="chaos.until_and_while_executing", **TASK_OPTIONS)
+def until_and_while_executing(
+    self: Any, name: str, behavior: str = "ok", seconds: float = 0.1
+) -> str:
+    return body(self, name, behavior, seconds)
+
+
+@deduplicate("while_executing", **POLICY)
+@app.task(name="chaos.while_executing", **TASK_OPTIONS)
+def while_executing(self: Any, name: str, behavior: str = "ok", seconds: float = 0.1) -> str:
+    return body(self, name, behavior, seconds)
+
+
+@deduplicate("until_executing", **POLICY)
+@app.task(name="chaos.until_executing", **TASK_OPTIONS)
+def until_executing(self: Any, name: str, behavior: str = "ok", seconds: float = 0.1) -> str:
+    return body(self, name, behavior, seconds)
+
+
+TASKS = {
+    "until_executed": until_executed,
+    "until_and_while_executing": until_and_while_executing,
+    "while_executing": while_executing,
+    "until_executing": until_executing,
+}

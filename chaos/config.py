@@ -1,0 +1,27 @@
+"""Constants shared by the app (in the workers and producers) and the orchestrator."""
+
+from __future__ import annotations
+
+LEASE = 2.0  # seconds: a killed job's key is free again quickly
+TTL = 600  # seconds: far beyond the soak, so a stranded lock is still there to be seen
+GRACE = 4  # seconds an unconfirmed enqueue lock lives (taskdedup_grace)
+VISIBILITY_TIMEOUT = 5  # seconds before the broker hands an unacked message out again
+STORE_TIMEOUT = 1  # seconds one store call may wait: a 3 s stall is an outage, not a delay
+QUEUE = "chaos"
+STORE_PREFIX = "chaos"
+STRATEGIES = ("until_executed", "until_and_while_executing", "while_executing", "until_executing")
+#: the strategies that promise never two executions of one key at once
+EXCLUSIVE = STRATEGIES[:3]
+RUNS = "runs"  # records server: list of JSON start/end records of the bodies
+RUNNING = "running"  # records server: hash pid -> job id of the body running in that process
+LEDGER = "ledger"  # records server: list of JSON producer records
+PUBLISHED = "published"  # records server: set of job ids kombu published (after_task_publish)
+RECEIVED = "received"  # records server: hash job id -> deliveries a worker received
+
+
+def task_name(strategy: str) -> str:
+    return f"chaos.{strategy}"
+
+
+def signature(name: str, behavior: str = "ok", seconds: float = 0.1) -> None:
+    """The tasks' parameters, for computing a key's digest with the public Policy API."""

@@ -1,0 +1,395 @@
+"""The soak: servers, workers, producers, faults on a schedule, drain, then the invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from . import check
+from .config import (
+    EXCLUSIVE,
+    GRACE,
+    LEASE,
+    LEDGER,
+    PUBLISHED,
+    RECEIVED,
+    RUNNING,
+    RUNS,
+    STORE_PREFIX,
+    STRATEGIES,
+    signature,
+    task_name,
+)
+from .procs import ROOT, Worker, kill_pid, start_producer, wait_gone
+from .servers import RedisServer
+
+EXCLUSIVE_TASKS = {task_name(s) for s in EXCLUSIVE}
+
+
+@dataclasses.dataclass
+class Options:
+    seconds: float = 180.0
+    producers: int = 4
+    rate: float = 4.0  # submissions per second per producer (before immediate repeats)
+    names: int = 75  # names per strategy: 4 x 75 = 300 keys
+    workers: int = 2
+    kill_every: float = 4.0
+    stall_seconds: float = 3.0
+    outage_seconds: float = 3.0
+    drain_timeout: float = 120.0
+    seed: int = 0
+    dedup: bool = True
+    faults: bool = True  # store stall and stop, broker restart
+    output: Path = ROOT / "chaos" / "last-run.json"
+    keep_logs: bool = False
+
+    @classmethod
+    def short(cls) -> Options:
+        return cls(seconds=90.0, rate=3.5, names=60, kill_every=3.5, drain_timeout=45.0)
+
+
+def say(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Soak:
+    def __init__(self, options: Options) -> None:
+        self.o = options
+        self.rng = random.Random(options.seed)
+        self.logs = Path(tempfile.mkdtemp(prefix="taskdedup-chaos-logs-"))
+        self.store = RedisServer("store", persistent=True)
+        self.broker = RedisServer("broker", persistent=True)
+        self.recorder = RedisServer("records", persistent=False)
+        self.kills: list[dict[str, Any]] = []
+        self.faults: list[dict[str, Any]] = []
+        self.workers: list[Worker] = []
+        self.restarts = 0
+        self.max_held_seen = 0
+        self.lock = threading.Lock()
+
+    # ------------------------------------------------------------------ set-up and tear-down
+
+    def env(self) -> dict[str, str]:
+        env = {
+            "CHAOS_BROKER_URL": self.broker.url,
+            "CHAOS_STORE_URL": self.store.url,
+            "CHAOS_RECORDS_URL": self.recorder.url,
+        }
+        if not self.o.dedup:
+            env["TASKDEDUP_ENABLED"] = "false"
+        return env
+
+    def run(self) -> dict[str, Any]:
+        try:
+            for server in (self.store, self.broker, self.recorder):
+                server.start()
+            self.records = redis.Redis.from_url(self.recorder.url, decode_responses=True)
+            say(
+                f"store {self.store.url}, broker {self.broker.url} (both appendonly yes, "
+                f"appendfsync always), records {self.recorder.url}; logs in {self.logs}"
+            )
+            return self.soak()
+        finally:
+            for worker in self.workers:
+                worker.stop()
+            for server in (self.store, self.broker, self.recorder):
+                server.destroy()
+            if self.o.keep_logs:
+                say(f"logs kept in {self.logs}")
+            else:
+                shutil.rmtree(self.logs, ignore_errors=True)
+
+    def soak(self) -> dict[str, Any]:
+        env = self.env()
+        self.workers = [Worker(i, env, self.logs) for i in range(self.o.workers)]
+        for worker in self.workers:
+            worker.start()
+        self.wait_ready()
+        say(f"{len(self.workers)} prefork workers ready; load for {self.o.seconds:g}s")
+        producers = [
+            start_producer(
+                [
+                    "--id",
+                    str(i),
+                    "--seconds",
+                    str(self.o.seconds),
+                    "--rate",
+                    str(self.o.rate),
+                    "--names",
+                    str(self.o.names),
+                    "--seed",
+                    str(self.o.seed * 100 + i),
+                ],
+                {**env, "TASKDEDUP_ON_STORE_ERROR": "raise" if i % 2 else "enqueue"},
+                self.logs / f"producer-{i}.log",
+            )
+            for i in range(self.o.producers)
+        ]
+        started = time.monotonic()
+        faults = threading.Thread(target=self.fault_schedule, args=(started,), daemon=True)
+        faults.start()
+        self.kill_loop(started, producers)
+        faults.join()
+        for proc in producers:
+            proc.wait(60)
+        bad = [i for i, proc in enumerate(producers) if proc.returncode != 0]
+        if bad:
+            raise RuntimeError(f"producers {bad} failed; see {self.logs}")
+        say("load stopped; waiting for the queues to drain")
+        drained = self.drain()
+        wait = LEASE + GRACE + 1
+        say(f"drained={drained}; holding {wait:g}s (one lease + grace) before reading the store")
+        time.sleep(wait)  # the promise under test: nothing held one lease (+ grace) later
+        return self.verdict(drained)
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self.records.get(f"ready:{w.tag}") for w in self.workers):
+                return
+            for worker in self.workers:
+                if not worker.alive():
+                    raise RuntimeError(f"worker {worker.tag} exited; see {self.logs}")
+            time.sleep(0.1)
+        raise RuntimeError(f"workers not ready after {timeout}s; see {self.logs}")
+
+    # ------------------------------------------------------------------ faults
+
+    def fault_schedule(self, started: float) -> None:
+        """Store stall (SIGSTOP), store stop, broker restart, at fixed points of the load."""
+        t = self.o.seconds
+        if not self.o.faults:
+            return
+        plan = [(0.22 * t, "stall"), (0.42 * t, "store_stop"), (0.62 * t, "broker_restart")]
+        if t >= 150:
+            plan += [(0.75 * t, "stall"), (0.85 * t, "store_stop")]
+        for at, what in plan:
+            while time.monotonic() - started < at:
+                time.sleep(0.05)
+            began = time.time()
+            if what == "stall":
+                self.store.pause()
+                time.sleep(self.o.stall_seconds)
+                self.store.resume()
+            elif what == "store_stop":
+                self.store.stop()
+                time.sleep(self.o.outage_seconds)
+                self.store.start()
+            else:
+                self.broker.stop()
+                time.sleep(self.o.outage_seconds)
+                self.broker.start()
+            with self.lock:
+                self.faults.append({"fault": what, "from": began, "to": time.time()})
+            say(f"{what}: {time.time() - began:.1f}s")
+
+    def kill_loop(self, started: float, producers: list[Any]) -> None:
+        """kill -9 a pool child (usually one running a body) or a whole worker, every few
+        seconds; restart whole workers that died; sample how many locks the store holds."""
+        next_kill = started + self.o.kill_every
+        while time.monotonic() - started < self.o.seconds:
+            self.restart_dead()
+            self.sample_locks()
+            if self.o.kill_every > 0 and time.monotonic() >= next_kill:
+                self.kill_one()
+                next_kill = time.monotonic() + self.rng.uniform(
+                    0.6 * self.o.kill_every, 1.4 * self.o.kill_every
+                )
+            time.sleep(0.5)
+
+    def restart_dead(self) -> None:
+        for worker in self.workers:
+            if not worker.alive():
+                worker.start()
+                self.restarts += 1
+
+    def kill_one(self) -> None:
+        ready = [w for w in self.workers if w.alive() and self.records.get(f"ready:{w.tag}")]
+        if not ready:
+            return
+        worker = self.rng.choice(ready)
+        if self.rng.random() < 0.3:
+            pids = worker.kill_all()
+            kind = "worker"
+        else:
+            running = {int(pid) for pid in self.records.hkeys(RUNNING)}
+            children = worker.children()
+            busy = [pid for pid in children if pid in running]
+            choice = busy or children
+            if not choice:
+                return
+            pid = self.rng.choice(choice)
+            if not kill_pid(pid):
+                return
+            wait_gone(pid)
+            pids, kind = [pid], "child"
+        now = time.time()
+        if pids:
+            self.records.hdel(RUNNING, *[str(p) for p in pids])
+        self.kills.append({"t": now, "pids": pids, "kind": kind, "worker": worker.tag})
+        if kind == "worker":
+            worker.start()
+            self.restarts += 1
+
+    def sample_locks(self) -> None:
+        try:
+            client = redis.Redis.from_url(
+                self.store.url, socket_timeout=0.3, socket_connect_timeout=0.3
+            )
+            try:
+                held = len(held_records(client))
+            finally:
+                client.close()
+        except (redis.RedisError, OSError):
+            return
+        self.max_held_seen = max(self.max_held_seen, held)
+
+    # ------------------------------------------------------------------ the end
+
+    def drain(self) -> bool:
+        """True once the broker's queues and unacked set are empty and no body runs, three
+        checks in a row; False at the deadline."""
+        broker = redis.Redis.from_url(self.broker.url, decode_responses=True)
+        deadline = time.monotonic() + self.o.drain_timeout
+        quiet = 0
+        try:
+            while time.monotonic() < deadline:
+                self.restart_dead()
+                pending = broker.hlen("unacked")
+                for name in broker.scan_iter(count=1000):
+                    if broker.type(name) == "list":
+                        pending += broker.llen(name)
+                running = self.records.hlen(RUNNING)
+                quiet = quiet + 1 if pending == 0 and running == 0 else 0
+                if quiet >= 3:
+                    return True
+                time.sleep(1.0)
+            return False
+        finally:
+            broker.close()
+
+    def verdict(self, drained: bool) -> dict[str, Any]:
+        now = time.time()
+        events = [json.loads(x) for x in self.records.lrange(RUNS, 0, -1)]
+        ledger = [json.loads(x) for x in self.records.lrange(LEDGER, 0, -1)]
+        store = redis.Redis.from_url(self.store.url, decode_responses=True)
+        try:
+            held = held_records(store)
+        finally:
+            store.close()
+        if self.o.keep_logs:
+            raw = {"runs": events, "ledger": ledger, "kills": self.kills, "held": held}
+            (self.logs / "raw.json").write_text(json.dumps(raw))
+        runs, tally = check.build_runs(events, self.kills, now)
+        ids = {e["job"] for e in ledger if e["ev"] in ("submit", "revoke") and "job" in e}
+        ids |= {h["job"] for h in held if h.get("job")}
+        jobs = check.Jobs(
+            ledger,
+            self.result_states(sorted(ids)),
+            set(self.records.smembers(PUBLISHED)),
+            {k: int(v) for k, v in self.records.hgetall(RECEIVED).items()},
+            drained,
+        )
+        digests, mismatched = key_digests(events, self.o.names)
+        submits = [e for e in ledger if e["ev"] == "submit"]
+        report: dict[str, Any] = {
+            "options": {k: str(v) for k, v in dataclasses.asdict(self.o).items()},
+            "drained": drained,
+            "totals": {
+                "submissions": len(submits),
+                "accepted_fresh": sum(1 for e in submits if "job" in e and not e["dedup"]),
+                "deduplicated": sum(1 for e in submits if e.get("dedup")),
+                "refused_with_error": sum(1 for e in submits if "error" in e),
+                "errors_by_type": count_by(
+                    e["error"].split(":")[0] for e in submits if "error" in e
+                ),
+                "revokes_sent": sum(1 for e in ledger if e["ev"] == "revoke" and "error" not in e),
+                "with_expires": sum(1 for e in submits if e["mode"] == "expires"),
+                "with_countdown": sum(1 for e in submits if e["mode"] == "countdown"),
+                "runs": len(runs),
+                "runs_ended": tally["end"],
+                "runs_cut_by_kill": tally["kill"],
+                "runs_open_unexplained": tally["open"],
+                "outcomes": count_by(r.outcome for r in runs if r.outcome),
+                "kills_child": sum(1 for k in self.kills if k["kind"] == "child"),
+                "kills_worker": sum(1 for k in self.kills if k["kind"] == "worker"),
+                "worker_restarts": self.restarts,
+                "faults": [{**f, "seconds": round(f["to"] - f["from"], 2)} for f in self.faults],
+                "max_locks_held_during_load": self.max_held_seen,
+                "key_digest_mismatches": mismatched,
+                "kills": self.kills,
+            },
+            "overlaps": check.overlaps(runs, EXCLUSIVE_TASKS, jobs),
+            "unfinished": check.unfinished(runs, jobs),
+            "held": check.still_held(held, digests, jobs, runs),
+        }
+        report["violations"] = {
+            "overlaps": report["overlaps"]["count"],
+            "accepted but never finished": report["unfinished"]["count"],
+            "keys still held one lease after the load": report["held"]["count"],
+            "revoked/expired keys still held": report["held"]["revoked_count"],
+        }
+        return report
+
+    def result_states(self, jobs: list[str]) -> dict[str, dict[str, Any]]:
+        states: dict[str, dict[str, Any]] = {}
+        pipe = self.records.pipeline()
+        for job in jobs:
+            pipe.get(f"celery-task-meta-{job}")
+        for job, raw in zip(jobs, pipe.execute(), strict=True):
+            if raw:
+                states[job] = json.loads(raw)
+        return states
+
+
+def held_records(client: redis.Redis) -> list[dict[str, Any]]:
+    """The store's lock and run-lock records (``<prefix>:{<key>}:lock`` / ``:run``)."""
+    found = []
+    for name in client.scan_iter(match=f"{STORE_PREFIX}:{{*}}:*", count=1000):
+        name = name.decode() if isinstance(name, bytes) else name
+        kind = name.rsplit(":", 1)[1]
+        if kind not in ("lock", "run"):
+            continue
+        job = client.hget(name, "j")
+        pttl = client.pttl(name)
+        if pttl == -2:
+            continue
+        job = job.decode() if isinstance(job, bytes) else job
+        digest = name[name.index("{") + 1 : name.rindex("}")]
+        found.append({"digest": digest, "kind": kind, "job": job, "pttl_ms": pttl})
+    return found
+
+
+def key_digests(events: list[dict[str, Any]], names: int) -> tuple[dict[str, tuple[str, str]], int]:
+    """Key digest -> (task, name), computed with the public Policy API for every name the
+    producers use; checked against the digests the bodies saw (the count of mismatches)."""
+    from taskdedup import Policy
+
+    table: dict[str, tuple[str, str]] = {}
+    for strategy in STRATEGIES:
+        task = task_name(strategy)
+        policy = Policy(strategy, keys=["name"]).bind(task, signature)
+        for i in range(names):
+            table[policy.key_for((), {"name": f"k{i}"})] = (task, f"k{i}")
+    mismatched = 0
+    for e in events:
+        seen = e["ev"] == "start" and e.get("dkey")
+        if seen and table.get(e["dkey"]) != (e["task"], e["name"]):
+            mismatched += 1
+    return table, mismatched
+
+
+def count_by(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[str(item)] = out.get(str(item), 0) + 1
+    return out

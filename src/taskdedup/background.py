@@ -218,6 +218,13 @@ class Confirmer:
         if first:  # the thread sleeps while nothing is pending
             self._wake.set()
 
+    def hurry(self, job_id: str) -> bool:
+        """Send the pending confirmations now if ``job_id``'s is among them (a duplicate in
+        this process is waiting for it); True if it was."""
+        with self._mutex:
+            waiting = self._pid == os.getpid() and any(j == job_id for _, j, _ in self._pending)
+        return waiting and self.flush() > 0
+
     def _start(self) -> None:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="taskdedup-confirm", daemon=True)

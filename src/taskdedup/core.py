@@ -112,10 +112,6 @@ class Admission:
         return self.outcome in ("run", "skipped") or self.dry_run
 
 
-def _holder_pending(reply: AcquireReply) -> bool:
-    return reply.pending and not reply.acquired
-
-
 def store_retry_delay(waits: int) -> float:
     """How long a delivery waits before its next claim after ``waits`` claims the store could
     not answer: 1, 2, 4 ... seconds, at most STORE_RETRY_MAX."""
@@ -137,14 +133,15 @@ class Step(Generic[T]):
     fuses an enqueue's acquire with the broker's push) runs it itself and calls ``done``,
     unless ``waits`` says that reply is not final yet: then it runs the Step as usual.
 
-    ``waits``: a reply that is not an answer yet (the key's holder is still being published,
-    and may yet fail): the runners ask again with ``again`` every HOLDER_POLL seconds, for
-    HOLDER_WAIT at most, then take the last reply as it is."""
+    ``waits``: for a reply that is not an answer yet (the key's holder is still being
+    published, and may yet fail), the seconds to wait before asking again with ``again``;
+    None for a final reply. The runners ask for HOLDER_WAIT at most, then take the last reply
+    as it is."""
 
     op: Op[Any]
     done: Callable[[Any], T]
     failed: Callable[[StoreUnavailable], T]
-    waits: Callable[[Any], bool] | None = None
+    waits: Callable[[Any], float | None] | None = None
     again: Op[Any] | None = None
 
 
@@ -195,10 +192,11 @@ class Deduplicator:
                 reply = self.store.run(op)
             except StoreUnavailable as exc:
                 return step.failed(exc)
-            if step.waits is None or not step.waits(reply) or time.monotonic() > deadline:
+            pause = None if step.waits is None else step.waits(reply)
+            if pause is None or time.monotonic() > deadline:
                 return step.done(reply)
             op = step.again or step.op
-            time.sleep(HOLDER_POLL)
+            time.sleep(pause)
 
     async def _arun(self, step: Step[T]) -> T:
         op, deadline = step.op, time.monotonic() + HOLDER_WAIT
@@ -207,10 +205,11 @@ class Deduplicator:
                 reply = await self.store.arun(op)
             except StoreUnavailable as exc:
                 return step.failed(exc)
-            if step.waits is None or not step.waits(reply) or time.monotonic() > deadline:
+            pause = None if step.waits is None else step.waits(reply)
+            if pause is None or time.monotonic() > deadline:
                 return step.done(reply)
             op = step.again or step.op
-            await asyncio.sleep(HOLDER_POLL)
+            await asyncio.sleep(pause)
 
     def note(self, decision: str, outcome: str, level: int, task: str, **fields: Any) -> None:
         with self._stats_lock:
@@ -322,7 +321,7 @@ class Deduplicator:
             op,
             done,
             failed,
-            waits=None if dry else _holder_pending,
+            waits=None if dry else self._holder_pending,
             again=dataclasses.replace(op, record_duplicate=False, payload=None),
         )
 
@@ -347,6 +346,14 @@ class Deduplicator:
             return None  # the usual enqueue meets the outage and follows on_store_error
 
         return Step(Peek(key), done, failed)
+
+    def _holder_pending(self, reply: AcquireReply) -> float | None:
+        """When to ask again about a holder still being published (None: it is not). A holder
+        published by this very process has its confirmation sent now, and is asked about
+        again at once."""
+        if not reply.pending or reply.acquired:
+            return None
+        return 0.0 if self.confirmer.hurry(reply.holder) else HOLDER_POLL
 
     def published(self, ticket: Ticket) -> None:
         """The job of an acquired ticket is in the broker: confirm its lock (batched, G11)."""

@@ -263,7 +263,7 @@ class Publisher:
             result = self.original(name, args, kwargs, **options)
         except NotPublished:
             self._forget_subscription(job_id, options)
-            if step.waits is None or not step.waits(pending.reply):
+            if step.waits is None or step.waits(pending.reply) is None:
                 ticket = step.done(pending.reply)  # a duplicate; raises DuplicateJob if asked
                 self.recent.note(ticket)
                 return self._holder(ticket, options)

@@ -97,3 +97,49 @@ def fenced_job(self: object, name: str, seconds: float) -> str:
     time.sleep(float(override) if override is not None else seconds)
     record_run(name, request.id, fence, "end")
     return request.id  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------- tests/test_celery_revoke.py
+# Long jobs that are terminated while they run. The lease is long (60 s), so only the revoke
+# handling can free their key or slot within seconds.
+
+
+def _long_body(name: str, seconds: float) -> str:
+    marks.set(f"{PREFIX}:mark:pid:{name}", os.getpid(), ex=600)
+    time.sleep(seconds)
+    return name
+
+
+@deduplicate("until_executed", lease=60, keys=["name"])
+@app.task(name="sub.revoke_until_executed", shared=False)
+def revoke_until_executed(name: str, seconds: float) -> str:
+    return _long_body(name, seconds)
+
+
+@deduplicate("until_and_while_executing", lease=60, keys=["name"])
+@app.task(name="sub.revoke_until_and_while", shared=False)
+def revoke_until_and_while(name: str, seconds: float) -> str:
+    return _long_body(name, seconds)
+
+
+@reserve(max_concurrent=1, scope="tenant")
+@deduplicate("until_executing", lease=60, keys=["tenant"])
+@app.task(name="sub.revoke_capped", shared=False)
+def revoke_capped(tenant: str, seconds: float) -> str:
+    return _long_body(tenant, seconds)
+
+
+@deduplicate("until_executed", lease=6, keys=["name"])
+@app.task(name="sub.revoke_survivor", shared=False)
+def revoke_survivor(name: str, seconds: float) -> str:
+    """Ignores SIGUSR2 (a terminate with that signal) and runs on, counting half seconds."""
+    import signal
+
+    signal.signal(signal.SIGUSR2, lambda *_: None)
+    marks.set(f"{PREFIX}:mark:pid:{name}", os.getpid(), ex=600)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        marks.incr(f"{PREFIX}:mark:ticks:{name}")
+        marks.expire(f"{PREFIX}:mark:ticks:{name}", 600)
+        time.sleep(0.5)
+    return name

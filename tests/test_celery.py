@@ -239,16 +239,24 @@ def test_while_executing_never_runs_two_jobs_of_a_key_at_once(app: Celery, runs:
     assert kinds == ["start", "end"] * 3
 
 
-def test_revoke_releases_the_lock(app: Celery) -> None:
+def test_revoke_releases_the_lock(app: Celery, runs: list[Any]) -> None:
+    """A queued job revoked while a worker listens is discarded when it reaches the worker, and
+    its key is free at once (every case of G13: tests/test_celery_revoke.py)."""
+    from test_celery_revoke import consume_tasks, held_then_freed, revoke, running_worker
+
     @deduplicate("until_executed")
     @app.task(shared=False)
     def slow(x: int) -> int:
+        runs.append(x)
         return x
 
-    job = slow.apply_async((1,), countdown=0)
-    app.control.revoke(job.id)
-    with start_worker(app, pool="solo", perform_ping_check=False):
-        wait_for(lambda: not slow.delay(1).deduplicated, what="the lock to be released")
+    with running_worker(app, consuming=False) as hostname:
+        job = slow.delay(1)
+        assert slow.delay(1).id == job.id
+        revoke(app, job.id, hostname)
+        consume_tasks(app, hostname)
+        assert held_then_freed(slow, job, 1).get(timeout=20) == 1
+    assert runs == [1]  # the fresh job only
 
 
 def test_scheduled_jobs_are_deduplicated_only_when_asked(app: Celery) -> None:

@@ -367,11 +367,15 @@ def test_a_failed_job_and_a_revoked_job_free_their_slots(app: Celery) -> None:
         with pytest.raises(RuntimeError):
             failing.get(timeout=20)
         wait_for(lambda: not guard.active("tenant=acme"), 10, "the failed job's slot")
-    queued = sync.delay("acme")
-    assert [s.member for s in guard.active("tenant=acme")] == [queued.id]
-    queued.revoke()
-    with start_worker(app, pool="solo", perform_ping_check=False):
+    from test_celery_revoke import consume_tasks, revoke, running_worker
+
+    with running_worker(app, consuming=False) as hostname:  # it learns of the revoke
+        queued = sync.delay("acme")
+        assert [s.member for s in guard.active("tenant=acme")] == [queued.id]
+        revoke(app, queued.id, hostname)
+        consume_tasks(app, hostname)  # the worker discards it
         wait_for(lambda: not guard.active("tenant=acme"), 10, "the revoked job's slot")
+    assert queued.state == "REVOKED"
 
 
 def test_a_call_refused_by_its_dedup_policy_frees_its_idempotency_key(app: Celery) -> None:

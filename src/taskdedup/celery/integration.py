@@ -18,7 +18,8 @@ from ..stores import RedisStore, Store
 from .config import settings_from_app, store_for_app
 from .publish import Publisher
 from .redis_push import install_hooks
-from .worker import Worker, on_revoked, wrap_task
+from .revoke import install_revoke_command, on_received, on_revoked
+from .worker import Worker, wrap_task
 
 
 class CeleryDedup:
@@ -99,8 +100,15 @@ class CeleryDedup:
         expired: bool = False,
         **_: Any,
     ) -> None:
+        """``task_revoked``: a discarded, expired or terminated job frees its key and slot."""
         if request is not None:
-            on_revoked(self, request, terminated, expired)
+            why = "terminated" if terminated else "expired" if expired else "revoked"
+            on_revoked(self, sender, request, why)
+
+    def received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
+        """``task_received``: a job that expires before its ETA frees its key and slot now."""
+        if request is not None:
+            on_received(self, sender, request)
 
 
 _installed: weakref.WeakKeyDictionary[Any, CeleryDedup] = weakref.WeakKeyDictionary()
@@ -127,6 +135,8 @@ def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedu
     for ready in (signals.worker_init, signals.worker_process_init, signals.celeryd_after_setup):
         ready.connect(integ.wrap_tasks, weak=False)  # tasks registered after finalize
     signals.task_revoked.connect(integ.revoked, weak=False)
+    signals.task_received.connect(integ.received, weak=False)
+    install_revoke_command()  # an ETA job a worker holds frees its key when it is revoked
     return integ
 
 

@@ -30,7 +30,9 @@ def make(strategy: str = "until_executed", **kw: Any) -> Any:
 
 @pytest.fixture
 def dedup() -> Deduplicator:
-    return Deduplicator(MemoryStore(clock=FakeClock()), Settings(grace=3600))
+    # grace >= ttl: locks need no publish confirmation here (as with the fused Redis push);
+    # waiting for one is tested on its own below
+    return Deduplicator(MemoryStore(clock=FakeClock()), Settings(grace=86400))
 
 
 def test_a_duplicate_gets_the_holders_job_and_equal_calls_share_a_key(dedup: Deduplicator) -> None:
@@ -273,3 +275,31 @@ def test_a_mismatch_is_raised_at_once_even_while_the_first_is_being_published() 
         keys.recall("ci-10", "ci.build", "fp-a", "job-3")
     with pytest.raises(ConfigError, match="idempotency_wait"):
         Settings(idempotency_wait=-1)
+
+
+def test_a_duplicate_waits_for_a_holder_still_being_published() -> None:
+    """The holder's lock is not confirmed yet: its publish may fail. A duplicate waits; if the
+    publish fails it becomes the job, if it is confirmed it is the holder's duplicate."""
+    import threading
+
+    dedup = Deduplicator(MemoryStore(), Settings(grace=60))
+    tp = make()
+    answers: list[Any] = []
+
+    def duplicate(job_id: str) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: answers.append(dedup.enqueue(tp, (1,), job_id=job_id))
+        )
+        thread.start()
+        return thread
+
+    first = dedup.enqueue(tp, (1,), job_id="A")
+    waiting = duplicate("B")
+    waiting.join(0.3)
+    assert waiting.is_alive() and not answers  # it waits for A's publish
+    dedup.publish_failed(first)
+    waiting.join(5)
+    assert answers[0].acquired and answers[0].job_id == "B"  # A never existed: B is the job
+    dedup.published(answers[0])
+    duplicate("C").join(5)
+    assert answers[1].deduplicated and answers[1].job_id == "B"

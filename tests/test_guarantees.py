@@ -32,7 +32,13 @@ def test_g1_64_threads_enqueue_one_key_and_exactly_one_acquires(
     else:
         store = RedisStore.from_url(request.getfixturevalue("redis_url"), prefix=key_prefix)
     dedup = Deduplicator(store)
-    tickets = race(64, lambda i: dedup.enqueue(BUILD, (7,), job_id=f"job-{i}"))
+
+    def publish(i: int) -> Ticket:  # a producer: the lock, the publish (assumed), confirmed
+        ticket = dedup.enqueue(BUILD, (7,), job_id=f"job-{i}")
+        dedup.published(ticket)
+        return ticket
+
+    tickets = race(64, publish)
     winners = [t for t in tickets if t.acquired]
     assert len(winners) == 1
     assert {t.job_id for t in tickets} == {winners[0].job_id}
@@ -43,6 +49,8 @@ def _enqueue_in_process(url: str, prefix: str, i: int, barrier: Any, out: Any) -
     dedup = Deduplicator(RedisStore.from_url(url, prefix=prefix))
     barrier.wait()
     ticket = dedup.enqueue(BUILD, (7,), job_id=f"proc-{i}")
+    dedup.published(ticket)
+    dedup.close()  # sends the confirmation the other processes wait for
     out.put((ticket.acquired, ticket.job_id))
 
 
@@ -102,6 +110,8 @@ def test_g2_acquire_claim_and_finish_are_one_command_each(private_redis_url: str
     assert sent_by(lambda: ticket.append(dedup.enqueue(BUILD, (1,), job_id="A"))) == (1, 1)
     key = ticket[0].key
     assert key is not None
+    dedup.published(ticket[0])
+    dedup.confirmer.flush()
     assert sent_by(lambda: dedup.enqueue(BUILD, (1,), job_id="B")) == (1, 1)
     assert sent_by(lambda: dedup.claim(BUILD, "A", key=key)) == (1, 1)
     assert sent_by(lambda: dedup.finish(BUILD, key, "A")) == (1, 1)
@@ -120,7 +130,10 @@ def test_g2_acquire_claim_and_finish_are_one_command_each(private_redis_url: str
 def test_g2_scripts_reload_after_the_server_forgets_them(private_redis_url: str) -> None:
     client = redis.Redis.from_url(private_redis_url)
     dedup = Deduplicator(RedisStore(client, prefix="noscript"))
-    assert dedup.enqueue(BUILD, (1,), job_id="A").acquired
+    first = dedup.enqueue(BUILD, (1,), job_id="A")
+    assert first.acquired
+    dedup.published(first)
+    dedup.confirmer.flush()
     client.script_flush()
     assert dedup.enqueue(BUILD, (1,), job_id="B").job_id == "A"
     client.close()

@@ -19,9 +19,11 @@ def test_one_store_serves_one_event_loop_after_another(redis_url: str, key_prefi
     clients are bound to their first loop, so each new loop gets clients of its own."""
     store = RedisStore.from_url(redis_url, prefix=key_prefix)
     dedup = Deduplicator(store, Settings(on_store_error="raise"))
-    answers = [asyncio.run(dedup.aenqueue(POLICY, ("loops",), job_id=f"j{i}")) for i in range(3)]
-    assert answers[0].acquired
-    assert all(a.deduplicated and a.job_id == "j0" for a in answers[1:])
+    first = asyncio.run(dedup.aenqueue(POLICY, ("loops",), job_id="j0"))
+    dedup.published(first)
+    again = [asyncio.run(dedup.aenqueue(POLICY, ("loops",), job_id=f"j{i}")) for i in (1, 2)]
+    assert first.acquired
+    assert all(a.deduplicated and a.job_id == "j0" for a in again)
     store.close()
 
 
@@ -37,6 +39,7 @@ def test_threads_with_event_loops_of_their_own_share_one_store(
     async def calls(thread: int) -> None:
         for i in range(150):
             first = await dedup.aenqueue(POLICY, (f"t{thread}-{i}",), job_id=f"{thread}-{i}")
+            dedup.published(first)
             again = await dedup.aenqueue(POLICY, (f"t{thread}-{i}",), job_id=f"{thread}-{i}b")
             if not (first.acquired and again.deduplicated and again.job_id == f"{thread}-{i}"):
                 wrong.append(f"{thread}-{i}")

@@ -36,10 +36,10 @@ def exercise(store: RedisStore) -> None:
     dedup = Deduplicator(store, Settings(grace=30))
     tickets = [dedup.enqueue(POLICY, (f"sha{i}",), job_id=f"job-{i}") for i in range(12)]
     assert all(t.acquired for t in tickets)
-    assert dedup.enqueue(POLICY, ("sha0",)).job_id == "job-0"
     keys = [t.key for t in tickets]
     assert None not in keys
     assert store.run(Confirm(tuple((t.key, t.job_id) for t in tickets if t.key))) == 12
+    assert dedup.enqueue(POLICY, ("sha0",)).job_id == "job-0"
     runs = [dedup.claim(POLICY, t.job_id, key=t.key) for t in tickets]
     leases = [r.lease for r in runs if r.lease]
     assert dedup.heartbeat(leases) == (True,) * 12
@@ -257,7 +257,9 @@ def test_a_store_built_on_a_sync_client_serves_asyncio_calls_too(
         )
 
         async def twice(dedup: Deduplicator) -> tuple[Any, Any]:
-            return await dedup.aenqueue(POLICY, ("x",)), await dedup.aenqueue(POLICY, ("x",))
+            first = await dedup.aenqueue(POLICY, ("x",))
+            dedup.published(first)
+            return first, await dedup.aenqueue(POLICY, ("x",))
 
         first, again = asyncio.run(twice(dedup))
         assert first.acquired and again.deduplicated and again.job_id == first.job_id

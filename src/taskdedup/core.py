@@ -196,7 +196,8 @@ class Deduplicator:
             if pause is None or time.monotonic() > deadline:
                 return step.done(reply)
             op = step.again or step.op
-            time.sleep(pause)
+            if pause:
+                time.sleep(pause)
 
     async def _arun(self, step: Step[T]) -> T:
         op, deadline = step.op, time.monotonic() + HOLDER_WAIT
@@ -209,7 +210,8 @@ class Deduplicator:
             if pause is None or time.monotonic() > deadline:
                 return step.done(reply)
             op = step.again or step.op
-            await asyncio.sleep(pause)
+            if pause:  # (0: at once, without letting other tasks run meanwhile)
+                await asyncio.sleep(pause)
 
     def note(self, decision: str, outcome: str, level: int, task: str, **fields: Any) -> None:
         with self._stats_lock:

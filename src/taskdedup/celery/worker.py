@@ -288,22 +288,3 @@ def release_slot(integ: CeleryDedup, scope: str, job_id: str) -> None:
         integ.reservations.release(scope, job_id)
     except StoreUnavailable as exc:  # the slot lapses after its lease anyway
         log.warning("taskdedup: could not free the slot of %s: %s", job_id, exc)
-
-
-def on_revoked(integ: CeleryDedup, request: Any, terminated: bool, expired: bool) -> None:
-    """A revoked or expired job will not run: free its slot and release its lock."""
-    task = getattr(request, "task", None)
-    if task is None:
-        return
-    body = getattr(request, "request_dict", None) or {}
-    headers = body.get("headers") or {}
-    scope = body.get(SCOPE_HEADER) or headers.get(SCOPE_HEADER)
-    if scope:
-        release_slot(integ, scope, request.id)
-    policy = task_policy(task, integ.settings)
-    if policy is None:
-        return
-    key = body.get(KEY_HEADER) or headers.get(KEY_HEADER)
-    if key is None:
-        key = policy.key_for(request.args or (), request.kwargs or {}, None)
-    integ.dedup.release(key, request.id, task=task.name)

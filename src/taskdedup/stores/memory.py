@@ -144,7 +144,7 @@ class MemoryStore(Store):
         fence = self._next_fence(key, ttl, now)
         self._put(
             self._name(key, "lock"),
-            {"j": job, "s": "q", "f": fence, "d": 0, "e": now + ttl, "c": 0},
+            {"j": job, "s": "q", "f": fence, "d": 0, "e": now + ttl, "c": int(grace >= ttl)},
             now + grace,
         )
         return Handoff(job, payload)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-LEASE = 2.0  # seconds: a killed job's key is free again quickly
+#: Seconds. Above the longest store outage of the soak (3 s) plus a heartbeat interval (lease/3)
+#: and the store timeout, so a live job keeps its lease through an outage (a lease shorter than
+#: the store's outages lapses while its job runs, see README "Guarantees"); a killed job's key
+#: is free again after it.
+LEASE = 8.0
 TTL = 600  # seconds: far beyond the soak, so a stranded lock is still there to be seen
 GRACE = 4  # seconds an unconfirmed enqueue lock lives (taskdedup_grace)
 VISIBILITY_TIMEOUT = 5  # seconds before the broker hands an unacked message out again

@@ -379,3 +379,36 @@ def test_a_terminated_job_that_survives_the_signal_cannot_keep_its_lock_by_heart
     wait_for(lambda: int(prefork.mark("ticks:s1") or 0) >= ticks + 10, 30, "5 s more of body")
     os.kill(pid, 0)  # the terminated body still runs (ProcessLookupError if it died)
     assert accepted(task, "s1", 0) is not None
+
+
+# ---------------------------------------------------------------- 5. the store is down then
+
+
+def test_a_revoke_while_the_store_stalls_frees_the_lock_once_it_answers(
+    redis_url: str, key_prefix: str
+) -> None:
+    # The worker holds an ETA job; the store stalls (SIGSTOP) when the job is revoked, so the
+    # release cannot be made then. It must be made once the store answers again, not leave
+    # the key held for the ETA and the ttl (G13).
+    from redis_server import PrivateRedis
+
+    with PrivateRedis() as store:
+        app = make_app(redis_url, key_prefix, taskdedup_url=store.url + "?socket_timeout=1")
+        install(app)
+
+        @deduplicate("until_executed", including_scheduled=True)
+        @app.task(shared=False)
+        def report(day: str) -> str:
+            return day
+
+        with running_worker(app) as hostname:
+            job = report.apply_async(("monday",), countdown=120)
+            wait_for(lambda: job.id in scheduled_ids(app, hostname), 30, "the worker to hold it")
+            assert report.delay("monday").id == job.id  # held
+            store.pause()
+            try:
+                revoke(app, job.id, hostname)  # the worker's release meets the stall
+            finally:
+                store.resume()
+            fresh = held_then_freed(report, job, "monday")
+            assert fresh.get(timeout=30) == "monday"

@@ -303,3 +303,43 @@ def test_a_duplicate_waits_for_a_holder_still_being_published() -> None:
     dedup.published(answers[0])
     duplicate("C").join(5)
     assert answers[1].deduplicated and answers[1].job_id == "B"
+
+
+class FlakyStore(Store):
+    """A MemoryStore that can be taken down (every operation then raises StoreUnavailable)."""
+
+    prefix = "flaky"
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.down = False
+
+    def run(self, op: Op[Any]) -> Any:
+        if self.down:
+            raise StoreUnavailable("connection refused")
+        return self.inner.run(op)
+
+    async def arun(self, op: Op[Any]) -> Any:
+        return self.run(op)
+
+
+def test_a_release_the_store_missed_is_sent_again_once_it_answers() -> None:
+    """A revoked job's (or a failed publish's) release meets an outage: the lock must not then
+    live out its ttl (G13); it is freed once the store answers again."""
+    import time
+
+    store = FlakyStore()
+    dedup = Deduplicator(store, Settings(grace=86400))
+    dedup.releaser.interval = 0.05
+    tp = make()
+    ticket = dedup.enqueue(tp, (5,), job_id="revoked")
+    assert ticket.key is not None
+    store.down = True
+    assert not dedup.release(ticket.key, "revoked")
+    assert dedup.releaser.pending() == 1
+    store.down = False
+    deadline = time.monotonic() + 5
+    while dedup.releaser.pending():
+        assert time.monotonic() < deadline, "the missed release was never sent again"
+        time.sleep(0.02)
+    assert dedup.enqueue(tp, (5,), job_id="next").acquired

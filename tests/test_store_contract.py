@@ -182,6 +182,23 @@ def test_a_holder_being_published_is_answered_pending_until_confirmed_or_running
     assert not h.store.run(acquire(k2, "B")).pending
 
 
+def test_run_lock_tokens_follow_the_order_of_the_runs_not_of_the_enqueues(h: Harness) -> None:
+    # until_and_while_executing: A runs, B is enqueued and waits its turn, A retries and runs
+    # again; then B runs. The token each run reads grows from run to run (G3), although B's
+    # enqueue lock was taken before A's second run.
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    a = h.store.run(claim(k, "A", "release", run_lock=True, lease_ms=60_000, attempt=0))
+    h.store.run(acquire(k, "B"))
+    assert h.store.run(claim(k, "B", "release", run_lock=True)).outcome == "busy"
+    h.store.run(Retry(k, "A", HOUR, attempt=0))
+    again = h.store.run(claim(k, "A", "release", run_lock=True, lease_ms=60_000, attempt=1))
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1))
+    b = h.store.run(claim(k, "B", "release", run_lock=True, lease_ms=60_000))
+    assert [r.outcome for r in (a, again, b)] == ["run"] * 3
+    assert a.fence < again.fence < b.fence
+
+
 def test_redelivery_of_a_finished_job_does_not_run_again(h: Harness) -> None:
     k = new_key()
     h.store.run(acquire(k, "A"))

@@ -5,6 +5,8 @@
 - :class:`AsyncHeartbeat` does the same from an asyncio task (taskiq).
 - :class:`Confirmer` extends freshly published locks from their short grace to their ttl (G11),
   in one call for everything published since the last flush, and flushes at exit.
+- :class:`Releaser` sends again the releases the store could not take (a revoked job's lock,
+  a failed publish's), until it answers (G13).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .stores.base import Confirm, Lease
+from .stores.base import Confirm, Lease, Release
 
 if TYPE_CHECKING:
     from .core import Deduplicator
@@ -273,3 +275,63 @@ class Confirmer:
             self._wake.clear()
             self._stop.wait(self.interval)  # let a batch gather
             self.flush()
+
+
+class Releaser:
+    """Owner-checked releases the store missed (it was down or stalled), sent again every
+    ``interval`` seconds from a daemon thread until the store takes them, for ``patience``
+    seconds at most. Without it a revoked or expired job's lock would outlive the outage by its
+    whole ttl (G13). A late release frees only ``job_id``'s lock, never one taken since."""
+
+    def __init__(self, dedup: Deduplicator, interval: float = 1.0, patience: float = 3600.0):
+        self.dedup = dedup
+        self.interval = interval
+        self.patience = patience
+        self._pending: dict[tuple[str, str], float] = {}  # (key, job id) -> give up at
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, key: str, job_id: str) -> None:
+        with self._mutex:
+            self._pending[(key, job_id)] = time.monotonic() + self.patience
+            if self._pid != os.getpid():  # first use, or a forked child: start our thread
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._loop, name="taskdedup-release", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def pending(self) -> int:
+        with self._mutex:
+            return len(self._pending)
+
+    def flush(self) -> int:
+        """Send every pending release once; returns how many the store took."""
+        with self._mutex:
+            now = time.monotonic()
+            self._pending = {item: end for item, end in self._pending.items() if end > now}
+            batch = list(self._pending)
+        taken = 0
+        for key, job_id in batch:
+            try:
+                self.dedup.store.run(Release(key, job_id))
+            except Exception:  # still down: the rest would fail alike
+                break
+            taken += 1
+            with self._mutex:
+                self._pending.pop((key, job_id), None)
+        if taken:
+            log.info("taskdedup: %d release(s) missed while the store was down are done", taken)
+        return taken
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(self.interval)
+            self.flush()
+            with self._mutex:
+                if not self._pending:
+                    self._wake.clear()

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
-from .background import Confirmer
+from .background import Confirmer, Releaser
 from .errors import DuplicateJob, StoreUnavailable
 from .policy import ENQUEUE_LOCKING, HOLD_WHILE_RUNNING, RUN_LOCKING, TaskPolicy
 from .settings import Settings
@@ -166,6 +166,7 @@ class Deduplicator:
         self.stats: Counter[str] = Counter()
         self._stats_lock = threading.Lock()
         self.confirmer = Confirmer(self)
+        self.releaser = Releaser(self)
 
     @property
     def owner(self) -> str:
@@ -633,7 +634,18 @@ class Deduplicator:
             return released
 
         def failed(exc: StoreUnavailable) -> bool:
-            self.note("release", "store_unavailable", logging.WARNING, task, error=exc)
+            # sent again until the store takes it: the lock must not outlive the outage (G13)
+            self.note(
+                "release",
+                "store_unavailable",
+                logging.WARNING,
+                task,
+                key=key,
+                job=job_id,
+                then="sent again when the store answers",
+                error=exc,
+            )
+            self.releaser.add(key, job_id)
             return False
 
         return Step(Release(key, job_id), done, failed)

@@ -231,7 +231,7 @@ class MemoryStore(Store):
                 {"j": op.job_id, "s": "r", "f": fence, "d": 0, "e": now + op.ttl_ms, "c": 1},
                 now + op.lease_ms,
             )
-        if fence is None:
+        if fence is None or op.run_lock:  # a run lock's token orders the runs (G3)
             fence = self._next_fence(op.key, op.ttl_ms, now)
         if op.run_lock:
             self._put(run_name, {"j": op.job_id, "o": op.owner}, now + op.lease_ms)

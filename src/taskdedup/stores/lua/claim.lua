@@ -62,7 +62,8 @@ elseif not lock[1] and ARGV[5] == 'hold' then
     'e', int(now + ttl), 'c', '1')
   redis.call('PEXPIRE', KEYS[1], lease)
 end
-if not fence then fence = int(next_fence(KEYS[4], ttl)) end
+-- a run lock is an acquisition of its own: its token orders the runs, not the enqueues (G3)
+if not fence or ARGV[6] == '1' then fence = int(next_fence(KEYS[4], ttl)) end
 if ARGV[6] == '1' then
   redis.call('HSET', KEYS[2], 'j', job, 'o', owner)
   redis.call('PEXPIRE', KEYS[2], lease)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -176,11 +177,10 @@ def test_g4_core_with_a_fake_clock() -> None:
     clock.advance(1.01)
     b = dedup.enqueue(policy, (1,), job_id="B")
     assert b.acquired
-    # A's copy is stale now (G12): it waits for B, the key's job, then runs after it
+    # A's copy is stale now (G12): while B runs it waits, then runs after it
+    assert dedup.claim(policy, "B", key=t.key).should_run
     stale = dedup.claim(policy, "A", key=t.key)
     assert stale.outcome == "busy" and stale.holder == "B" and not stale.should_run
-    assert dedup.claim(policy, "B", key=t.key).should_run
-    assert dedup.claim(policy, "A", key=t.key).outcome == "busy"
     dedup.finish(policy, t.key, "B")
     again = dedup.claim(policy, "A", key=t.key)
     assert again.should_run and again.attempts == 2 and again.fence > b.fence
@@ -285,3 +285,46 @@ def test_an_async_heartbeat_ends_when_cancelled_as_it_is_woken() -> None:
         return task.done()
 
     assert asyncio.run(main()), "the heartbeat swallowed its cancel"
+
+
+def test_heartbeat_reports_as_lost_only_a_lease_still_held_and_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A job that ends while its renewal is on the way is not 'lost' (its record says done by
+    then); a lease the store no longer knows, of a job still running, is reported once, with
+    its task's name, and is no longer renewed."""
+    from taskdedup.background import _Leases
+    from taskdedup.stores.base import Heartbeat as HeartbeatOp
+
+    class RacingStore(MemoryStore):
+        before_beat: Callable[[], None] | None = None
+
+        def run(self, op: Any) -> Any:
+            if isinstance(op, HeartbeatOp) and self.before_beat is not None:
+                self.before_beat()
+            return super().run(op)
+
+    store = RacingStore()
+    dedup = Deduplicator(store, Settings(grace=86400))
+    policy = Policy("until_executed", lease=30).bind("ci.build", build)
+    ending = dedup.enqueue(policy, (1,), job_id="ending")
+    assert ending.key is not None
+    ending_lease = dedup.claim(policy, "ending", key=ending.key).lease
+    assert ending_lease is not None
+    orphan = Lease("some-key", "orphan", 30_000, task="ci.orphan")  # its lock lapsed meanwhile
+    beat = Heartbeat(dedup)
+    for lease in (ending_lease, orphan):  # held, with no thread: the test beats by hand
+        _Leases.add(beat, lease)
+
+    def job_ends() -> None:  # the job ends between the snapshot and the store's answer
+        dedup.finish(policy, ending.key or "", "ending")
+        beat.discard(ending_lease)
+
+    store.before_beat = job_ends
+    with caplog.at_level(logging.WARNING, logger="taskdedup"):
+        beat.beat()
+        store.before_beat = None
+        beat.beat()
+    lost = [r.getMessage() for r in caplog.records if "heartbeat lost" in r.getMessage()]
+    assert len(lost) == 1 and "ci.orphan" in lost[0] and "orphan" in lost[0], lost
+    assert beat.snapshot() == []

@@ -131,34 +131,45 @@ def test_lapsed_lease_lets_the_same_job_take_over_up_to_max_attempts(h: Harness)
     assert h.store.run(claim(k, "A", owner="w4")).outcome == "done"
 
 
-def test_a_stale_copy_waits_while_its_key_is_a_newer_jobs_and_runs_after_it(
-    h: Harness,
-) -> None:
-    # G12: A's lease lapses (its worker died); B takes the key. A copy of A is then busy
-    # while B's lock is queued or running, and runs once B is done, with a newer fence.
+def test_a_stale_copy_never_runs_beside_the_newer_job_of_its_key(h: Harness) -> None:
+    # G12: A's lease lapses (its worker died); B takes the key. A copy of A then waits while B
+    # runs, and runs after it with a newer fence.
     k = new_key()
     h.store.run(acquire(k, "A"))
     a = h.store.run(claim(k, "A", lease_ms=300))
     b = h.after(0.3, lambda: r if (r := h.store.run(acquire(k, "B"))).acquired else None)
     assert b.fence > a.fence
-    queued = h.store.run(claim(k, "A", lease_ms=300, owner="w2"))
-    assert queued.outcome == "busy" and queued.holder == "B"
     running_b = h.store.run(claim(k, "B", lease_ms=60_000, owner="w3"))
     assert running_b.outcome == "run"
-    running = h.store.run(claim(k, "A", lease_ms=300, owner="w2"))
-    assert running.outcome == "busy" and running.holder == "B"
+    waiting = h.store.run(claim(k, "A", lease_ms=300, owner="w2"))
+    assert waiting.outcome == "busy" and waiting.holder == "B"
     h.store.run(Finish(k, "B", throttle=False, memory_ms=HOUR))
-    after = h.store.run(claim(k, "A", lease_ms=300, owner="w2"))
-    assert after.outcome == "run" and after.fence > b.fence
+    after = h.store.run(claim(k, "A", lease_ms=60_000, owner="w2"))
+    assert after.outcome == "run" and after.fence > running_b.fence
 
 
-def test_a_job_with_no_lock_of_its_own_waits_for_the_job_that_holds_its_key(h: Harness) -> None:
-    # A job published without a lock (the store was down at enqueue) finds its key another
-    # job's: it does not run beside it, whatever the strategy that holds while running.
+def test_a_copy_runs_first_when_the_newer_job_is_still_queued_and_that_one_waits(
+    h: Harness,
+) -> None:
+    # B holds the key but is only queued (it may be far behind in the queue, or lost): the
+    # stale copy of A runs now and takes the key; B waits for A when it starts (G12), so the
+    # two never overlap and a lost B cannot keep A waiting for ever.
+    k = new_key()
+    b = h.store.run(acquire(k, "B"))
+    a = h.store.run(claim(k, "A", lease_ms=60_000, owner="w2"))
+    assert a.outcome == "run" and a.fence > b.fence
+    assert h.store.run(acquire(k, "C")).holder == "A"  # while A runs, the key is A's
+    waiting = h.store.run(claim(k, "B", lease_ms=60_000, owner="w3"))
+    assert waiting.outcome == "busy" and waiting.holder == "A"
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    later = h.store.run(claim(k, "B", lease_ms=60_000, owner="w3"))
+    assert later.outcome == "run" and later.fence > a.fence
+
+
+def test_a_job_of_a_throttled_key_runs(h: Harness) -> None:
+    # until_expired's throttle is not a running job: a job sent without a lock runs
     k = new_key()
     h.store.run(acquire(k, "B"))
-    assert h.store.run(claim(k, "unlocked", lease_ms=5_000)).outcome == "busy"
-    # until_expired's throttle is not a running job: a job of a throttled key runs
     h.store.run(claim(k, "B", lease_ms=5_000))
     h.store.run(Finish(k, "B", throttle=True, memory_ms=HOUR))
     assert h.store.run(claim(k, "unlocked", lease_ms=5_000)).outcome == "run"

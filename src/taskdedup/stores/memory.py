@@ -208,11 +208,17 @@ class MemoryStore(Store):
                 return ClaimReply("busy", 0, attempts - 1, running["j"])
         lock_name = self._name(op.key, "lock")
         lock = self._get(lock_name, now)
-        if op.lock == "hold" and lock is not None and lock["j"] != op.job_id and lock["s"] != "t":
-            return ClaimReply("busy", 0, attempts - 1, lock["j"])  # another job's key (G12)
         fence: int | None = None
         handoff: Handoff | None = None
-        if lock is not None and lock["j"] == op.job_id:
+        if op.lock == "hold" and lock is not None and lock["j"] != op.job_id:
+            # another job's key: this copy is stale or was sent without a lock (G12)
+            if lock["s"] == "r":  # that job runs: wait for it to end
+                return ClaimReply("busy", 0, attempts - 1, lock["j"])
+            if lock["s"] == "q":  # it waits in the queue: run first; it will wait for us
+                fence = self._next_fence(op.key, op.ttl_ms, now)
+                lock.update(j=op.job_id, s="r", f=fence, c=1)
+                self._expire(lock_name, now + op.lease_ms)
+        if lock is not None and lock["j"] == op.job_id and fence is None:
             fence = lock["f"]
             if op.lock == "hold":
                 lock["s"], lock["c"] = "r", 1  # it was published: it runs

@@ -36,12 +36,18 @@ if ARGV[6] == '1' then
   if running and running ~= job then return {'busy', '0', int(attempts - 1), running} end
 end
 local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's')
-if ARGV[5] == 'hold' and lock[1] and lock[1] ~= job and lock[4] ~= 't' then
-  -- the key is another job's (queued or running): this copy is stale or unlocked (G12) and
-  -- waits for that job to end rather than run beside it
-  return {'busy', '0', int(attempts - 1), lock[1]}
-end
 local fence = false
+if ARGV[5] == 'hold' and lock[1] and lock[1] ~= job then
+  -- the key is another job's: this copy is stale or was sent without a lock (G12)
+  if lock[4] == 'r' then  -- that job runs: wait for it to end rather than run beside it
+    return {'busy', '0', int(attempts - 1), lock[1]}
+  end
+  if lock[4] == 'q' then  -- that job waits in the queue (and may never come): run first;
+    fence = int(next_fence(KEYS[4], ttl))  -- it will wait for this one when it starts
+    redis.call('HSET', KEYS[1], 'j', job, 's', 'r', 'f', fence, 'c', '1')
+    redis.call('PEXPIRE', KEYS[1], lease)
+  end
+end
 local handoff, payload = '', false
 if lock[1] == job then
   fence = lock[2]

@@ -29,7 +29,9 @@ from .config import (
     GRACE,
     LEASE,
     LEDGER,
+    POPPED,
     PUBLISHED,
+    PUBLISHES,
     QUEUE,
     RECEIVED,
     RUNNING,
@@ -100,6 +102,28 @@ def published(headers: Any = None, **_: object) -> None:
     job = (headers or {}).get("id")
     if job:
         records.sadd(PUBLISHED, job)
+        records.hincrby(PUBLISHES, job, 1)
+
+
+def _count_pops() -> None:
+    """Count each message kombu hands to the worker's consumer, before Celery sees it: a job
+    published but never received is then either never taken off the broker, or taken and lost
+    inside the worker (killed between the two)."""
+    from kombu.transport.virtual import base
+
+    deliver = base.Transport._deliver
+
+    def counted(self: Any, message: Any, queue: Any) -> None:
+        job = ((message or {}).get("headers") or {}).get("id")
+        if job:
+            records.hincrby(POPPED, job, 1)
+        deliver(self, message, queue)
+
+    base.Transport._deliver = counted  # type: ignore[method-assign]
+
+
+if os.environ.get("CHAOS_ROLE") == "worker":
+    _count_pops()
 
 
 @signals.task_received.connect

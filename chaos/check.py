@@ -94,6 +94,11 @@ class Jobs:
     received: dict[str, int] = dataclasses.field(default_factory=dict)
     #: only once the broker is empty is a message no worker received known to be lost
     drained: bool = True
+    #: per job id: messages kombu published, and messages a worker's kombu took off the broker
+    publishes: dict[str, int] = dataclasses.field(default_factory=dict)
+    popped: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: when a whole worker (main process, its broker consumer) was killed
+    consumer_kills: list[float] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.submits: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -106,15 +111,19 @@ class Jobs:
         self.revoked |= {job for job, st in self.states.items() if st.get("status") == "REVOKED"}
 
     def lost_in_transport(self, job: str, runs: list[Run]) -> bool:
-        """Published by kombu, never received by a worker, never run, not revoked/expired."""
+        """A message of this job that kombu published no worker ever received, and a whole
+        worker (its consumer) was killed after the job was last seen: kombu's Redis transport
+        pops a message before it records it as unacked, so a consumer killed in between loses
+        it (celery/celery#4354, #7950). Any other loss counts against taskdedup."""
         about = self.about(job)
-        return (
-            self.drained
-            and about["published"]
-            and not about["received"]
-            and about["result"] is None
-            and not any(r.job == job for r in runs)
-        )
+        sent = max(about["publishes"], 1 if about["published"] else 0)
+        if not (self.drained and sent > about["received"]):
+            return False
+        if about["result"] in ("SUCCESS", "FAILURE"):
+            return False
+        seen = [r.end for r in runs if r.job == job] + [e["t"] for e in self.submits.get(job, [])]
+        last_seen = max(seen, default=0.0)
+        return any(t > last_seen for t in self.consumer_kills)
 
     def about(self, job: str | None) -> dict[str, Any]:
         if job is None:
@@ -129,6 +138,8 @@ class Jobs:
             "on_store_error": first.get("on_store_error") if first else None,
             "duplicates_answered": len(subs) - len(fresh),
             "published": job in self.published,
+            "publishes": self.publishes.get(job, 0),
+            "popped": self.popped.get(job, 0),
             "received": self.received.get(job, 0),
             "revoked": job in self.revoked,
             "result": (self.states.get(job) or {}).get("status"),

@@ -21,6 +21,8 @@ RUNNING = "running"  # records server: hash pid -> job id of the body running in
 LEDGER = "ledger"  # records server: list of JSON producer records
 PUBLISHED = "published"  # records server: set of job ids kombu published (after_task_publish)
 RECEIVED = "received"  # records server: hash job id -> deliveries a worker received
+PUBLISHES = "publishes"  # records server: hash job id -> messages kombu published (retries too)
+POPPED = "popped"  # records server: hash job id -> messages a worker's kombu took off the broker
 
 
 def task_name(strategy: str) -> str:

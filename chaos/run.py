@@ -20,7 +20,9 @@ from .config import (
     GRACE,
     LEASE,
     LEDGER,
+    POPPED,
     PUBLISHED,
+    PUBLISHES,
     RECEIVED,
     RUNNING,
     RUNS,
@@ -298,6 +300,9 @@ class Soak:
             set(self.records.smembers(PUBLISHED)),
             {k: int(v) for k, v in self.records.hgetall(RECEIVED).items()},
             drained,
+            {k: int(v) for k, v in self.records.hgetall(PUBLISHES).items()},
+            {k: int(v) for k, v in self.records.hgetall(POPPED).items()},
+            [kill["t"] for kill in self.kills if kill["kind"] == "worker"],
         )
         digests, mismatched = key_digests(events, self.o.names)
         submits = [e for e in ledger if e["ev"] == "submit"]

@@ -617,8 +617,8 @@ def test_a_key_held_by_another_process_is_found_in_the_push(
 
     integ = install(app)
     other = integ.dedup  # the same store, as another producer process would use it
-    other.enqueue(task_policy(notify, integ.settings), (1,), job_id="held-elsewhere")
-    other.enqueue(task_policy(strict, integ.settings), (1,), job_id="strict-elsewhere")
+    for task, job in ((notify, "held-elsewhere"), (strict, "strict-elsewhere")):
+        other.published(other.enqueue(task_policy(task, integ.settings), (1,), job_id=job))
     published: list[str] = []
 
     def record(sender: Any = None, headers: Any = None, **_: Any) -> None:

@@ -96,7 +96,8 @@ def test_unfinished_detector_counts_lost_jobs_and_excuses_only_revoked_ones() ->
         submit("B"),  # retried, never ended for good: lost
         submit("C"),  # revoked: REVOKED result
         submit("D", dedup=True),  # a duplicate answered with a holder that never existed
-        submit("E"),  # published by kombu, never received: the transport's loss
+        submit("E"),  # published, never received, a consumer killed after: the transport's
+        submit("F", t=1.0),  # published, never received, no consumer killed after: counted
         {"ev": "submit", "name": "k1", "task": "t", "mode": "delay", "t": 0, "error": "X"},
     ]
     events = [
@@ -106,11 +107,18 @@ def test_unfinished_detector_counts_lost_jobs_and_excuses_only_revoked_ones() ->
         end("r2", 4.0, outcome="retry"),
     ]
     runs, _ = check.build_runs(events, [], 10.0)
-    jobs = check.Jobs(ledger, {"C": {"status": "REVOKED"}}, published={"A", "B", "C", "E"})
+    jobs = check.Jobs(
+        ledger,
+        {"C": {"status": "REVOKED"}},
+        published={"A", "B", "C", "E", "F"},
+        received={"A": 1, "B": 1},
+        publishes={"B": 1},  # B's retry was never published: not the transport's loss
+        consumer_kills=[0.5],
+    )
     result = check.unfinished(runs, jobs)
-    assert result["jobs_examined"] == 5
-    assert sorted(s["job"] for s in result["samples"]) == ["B", "D"]
-    assert result["count"] == 2 and result["excused_revoked_or_expired"] == 1
+    assert result["jobs_examined"] == 6
+    assert sorted(s["job"] for s in result["samples"]) == ["B", "D", "F"]
+    assert result["count"] == 3 and result["excused_revoked_or_expired"] == 1
     assert result["lost_in_transport"] == 1
 
 

@@ -343,3 +343,26 @@ def test_a_release_the_store_missed_is_sent_again_once_it_answers() -> None:
         assert time.monotonic() < deadline, "the missed release was never sent again"
         time.sleep(0.02)
     assert dedup.enqueue(tp, (5,), job_id="next").acquired
+
+
+@pytest.mark.parametrize("batcher", ["confirmer", "releaser"])
+def test_a_child_forked_while_a_background_batch_holds_its_lock_can_still_use_it(
+    batcher: str,
+) -> None:
+    """Celery's prefork pool forks children from a main process whose background threads may
+    be flushing at that moment: the child must not inherit a lock held for ever."""
+    import os
+    import signal
+
+    dedup = Deduplicator(MemoryStore())
+    batch = getattr(dedup, batcher)
+    with batch._mutex:  # as a flush in the parent's thread would, at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: add work, which takes the lock; killed if it blocks
+            signal.alarm(5)
+            batch.add("k", "job")
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
+        f"the forked child blocked on the {batcher}'s lock (status {status})"
+    )

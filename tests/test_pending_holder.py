@@ -96,3 +96,55 @@ def test_a_duplicate_of_a_holder_whose_publish_fails_becomes_the_job(
     with start_worker(app, pool="solo", perform_ping_check=False):
         assert result.get(timeout=20) == "abc"
     assert runs == [result.id]
+
+
+def test_a_duplicate_of_a_holder_stuck_in_its_publish_is_published_itself(
+    app_apart: Celery, redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder whose producer hangs (or died) mid-publish past HOLDER_WAIT is no answer: the
+    duplicate is published on its own (a missed dedup at worst), never handed a job id that
+    may never exist."""
+    import taskdedup.core
+
+    monkeypatch.setattr(taskdedup.core, "HOLDER_WAIT", 0.5)
+    app = app_apart
+    runs: list[str] = []
+
+    @deduplicate("until_executed")
+    @app.task(shared=False, bind=True)
+    def build(self: Any, sha: str) -> str:
+        runs.append(self.request.id)
+        return sha
+
+    go = threading.Event()
+    send = app.amqp.send_task_message
+
+    def first_publish_hangs(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "first":
+            assert go.wait(20)
+            raise OperationalError("the producer never got through")
+        return send(*args, **kwargs)
+
+    app.amqp.send_task_message = first_publish_hangs
+    outcome: dict[str, Any] = {}
+
+    def first() -> None:
+        try:
+            outcome["first"] = build.delay("abc")
+        except OperationalError as exc:
+            outcome["first"] = exc
+
+    one = threading.Thread(target=first, name="first")
+    one.start()
+    store_url = redis_url.rsplit("/", 1)[0] + "/1"
+    wait_for(lambda: locks(store_url, key_prefix), 10, "the first call to take the lock")
+    try:
+        result = build.delay("abc")  # waits HOLDER_WAIT for the first publish, then gives up
+    finally:
+        go.set()
+        one.join(20)
+    assert isinstance(outcome["first"], OperationalError)
+    assert not result.deduplicated, "answered with a job whose publish never completed"
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        assert result.get(timeout=20) == "abc"
+    assert runs == [result.id]

@@ -18,7 +18,8 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+import weakref
+from typing import TYPE_CHECKING, Any, Literal
 
 from .stores.base import Confirm, Lease, Release
 
@@ -26,6 +27,20 @@ if TYPE_CHECKING:
     from .core import Deduplicator
 
 log = logging.getLogger("taskdedup")
+
+
+def _fresh_after_fork(batcher: Any) -> None:
+    """A forked child (Celery's prefork pool) starts ``batcher`` afresh: a lock the parent held
+    at the fork would block the child for ever, and the parent's pending work is the
+    parent's to send. (A weak reference: registering must not keep the object alive.)"""
+    ref = weakref.ref(batcher)
+
+    def reset() -> None:
+        obj = ref()
+        if obj is not None:
+            obj._reset()
+
+    os.register_at_fork(after_in_child=reset)
 
 
 class _Leases:
@@ -208,6 +223,12 @@ class Confirmer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        _fresh_after_fork(self)
+
+    def _reset(self) -> None:
+        self._pending, self._failing, self._mutex = [], False, threading.Lock()
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._thread, self._pid = None, 0
 
     def add(self, key: str, job_id: str) -> None:
         give_up = time.monotonic() + self.dedup.settings.grace
@@ -223,9 +244,31 @@ class Confirmer:
     def hurry(self, job_id: str) -> bool:
         """Send the pending confirmations now if ``job_id``'s is among them (a duplicate in
         this process is waiting for it); True if it was."""
+        return self._waiting(job_id) and self.flush() > 0
+
+    async def ahurry(self, job_id: str) -> bool:
+        """:meth:`hurry` without blocking the event loop."""
+        if not self._waiting(job_id):
+            return False
+        batch = self._take()
+        if not batch:
+            return False
+        try:
+            confirmed = await self.dedup.store.arun(Confirm(tuple((k, j) for k, j, _ in batch)))
+        except Exception as exc:
+            self._failed(batch, exc)
+            return False
+        self._failing = False
+        return confirmed > 0
+
+    def _waiting(self, job_id: str) -> bool:
         with self._mutex:
-            waiting = self._pid == os.getpid() and any(j == job_id for _, j, _ in self._pending)
-        return waiting and self.flush() > 0
+            return self._pid == os.getpid() and any(j == job_id for _, j, _ in self._pending)
+
+    def _take(self) -> list[tuple[str, str, float]]:
+        with self._mutex:
+            batch, self._pending = self._pending, []
+        return batch
 
     def _start(self) -> None:
         self._stop.clear()
@@ -235,30 +278,32 @@ class Confirmer:
 
     def flush(self) -> int:
         """Confirm everything pending now; returns how many locks were extended."""
-        with self._mutex:
-            batch, self._pending = self._pending, []
+        batch = self._take()
         if not batch:
             return 0
         try:
             confirmed = self.dedup.store.run(Confirm(tuple((k, j) for k, j, _ in batch)))
         except Exception as exc:  # a missed confirmation costs a dedup window, never a job
-            now = time.monotonic()
-            again = [item for item in batch if item[2] > now]
-            if not self._failing:
-                log.warning(
-                    "taskdedup: could not confirm %d lock(s), trying again while their grace "
-                    "lasts: %s",
-                    len(batch),
-                    exc,
-                )
-            self._failing = True
-            with self._mutex:
-                self._pending[:0] = again
-            if again:
-                self._wake.set()
-            return 0
+            return self._failed(batch, exc)
         self._failing = False
         return confirmed
+
+    def _failed(self, batch: list[tuple[str, str, float]], exc: Exception) -> Literal[0]:
+        """Keep for another try what the store did not take, while its grace lasts."""
+        now = time.monotonic()
+        again = [item for item in batch if item[2] > now]
+        if not self._failing:
+            log.warning(
+                "taskdedup: could not confirm %d lock(s), trying again while their grace lasts: %s",
+                len(batch),
+                exc,
+            )
+        self._failing = True
+        with self._mutex:
+            self._pending[:0] = again
+        if again:
+            self._wake.set()
+        return 0
 
     def stop(self) -> None:
         self._stop.set()
@@ -292,6 +337,11 @@ class Releaser:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        _fresh_after_fork(self)
+
+    def _reset(self) -> None:
+        self._pending, self._mutex, self._wake = {}, threading.Lock(), threading.Event()
+        self._thread, self._pid = None, 0
 
     def add(self, key: str, job_id: str) -> None:
         with self._mutex:
@@ -302,6 +352,7 @@ class Releaser:
                     target=self._loop, name="taskdedup-release", daemon=True
                 )
                 self._thread.start()
+                atexit.register(self.flush)  # one last try (it stops at the first failure)
         self._wake.set()
 
     def pending(self) -> int:

@@ -186,8 +186,16 @@ class Deduplicator:
         """The asyncio twin of :meth:`run`."""
         return await self._arun(step)
 
-    def _run(self, step: Step[T]) -> T:
-        op, deadline = step.op, time.monotonic() + HOLDER_WAIT
+    def resume(self, step: Step[T]) -> T:
+        """Run a Step whose ``op`` an adapter already ran itself (a fused publish) and whose
+        reply was not final: ask again with ``again``, so nothing is counted twice."""
+        return self._run(step, step.again)
+
+    async def aresume(self, step: Step[T]) -> T:
+        return await self._arun(step, step.again)
+
+    def _run(self, step: Step[T], first: Op[Any] | None = None) -> T:
+        op, deadline = first or step.op, time.monotonic() + HOLDER_WAIT
         while True:
             try:
                 reply = self.store.run(op)
@@ -200,14 +208,14 @@ class Deduplicator:
             if pause:
                 time.sleep(pause)
 
-    async def _arun(self, step: Step[T]) -> T:
-        op, deadline = step.op, time.monotonic() + HOLDER_WAIT
+    async def _arun(self, step: Step[T], first: Op[Any] | None = None) -> T:
+        op, deadline = first or step.op, time.monotonic() + HOLDER_WAIT
         while True:
             try:
                 reply = await self.store.arun(op)
             except StoreUnavailable as exc:
                 return step.failed(exc)
-            pause = None if step.waits is None else step.waits(reply)
+            pause = None if step.waits is None else await self._apending(step, reply)
             if pause is None or time.monotonic() > deadline:
                 return step.done(reply)
             op = step.again or step.op
@@ -301,6 +309,21 @@ class Deduplicator:
             if reply.acquired:
                 self.note("enqueue", "acquired", logging.DEBUG, task, key=key, job=job_id)
                 return Ticket("acquired", job_id, key, reply.fence, confirm=grace < ttl)
+            if (
+                reply.pending and not dry
+            ):  # HOLDER_WAIT passed and the holder is still not published: it
+                # may never be (its producer died mid-publish). Its job is no answer to give;
+                # publish this one without a lock: at worst a missed dedup, never lost work.
+                self.note(
+                    "enqueue",
+                    "holder_unconfirmed",
+                    logging.WARNING,
+                    task,
+                    key=key,
+                    holder=reply.holder,
+                    job=job_id,
+                )
+                return Ticket("skipped", job_id, None)
             outcome = "would_deduplicate" if dry else "duplicate"
             self.note("enqueue", outcome, logging.INFO, task, key=key, holder=reply.holder)
             if p.on_conflict == "raise" and not dry:
@@ -357,6 +380,15 @@ class Deduplicator:
         if not reply.pending or reply.acquired:
             return None
         return 0.0 if self.confirmer.hurry(reply.holder) else HOLDER_POLL
+
+    async def _apending(self, step: Step[T], reply: Any) -> float | None:
+        """``step.waits`` for the async runner: a holder published by this very process has
+        its confirmation sent without blocking the event loop."""
+        if step.waits is None:
+            return None
+        if isinstance(reply, AcquireReply) and reply.pending and not reply.acquired:
+            return 0.0 if await self.confirmer.ahurry(reply.holder) else HOLDER_POLL
+        return step.waits(reply)
 
     def published(self, ticket: Ticket) -> None:
         """The job of an acquired ticket is in the broker: confirm its lock (batched, G11)."""

@@ -277,7 +277,7 @@ class Publisher:
         finally:
             PENDING.reset(token)
         if result is None:  # ask until the holder is confirmed (a duplicate) or gone (ours)
-            ticket = dedup.run(step)
+            ticket = dedup.resume(step)
             self.recent.note(ticket)
             if ticket.deduplicated:
                 return self._holder(ticket, options)

@@ -358,8 +358,8 @@ class Producer:
             step.failed(exc)  # logs (on_store_error="raise" never takes this path)
             await self._send(message)  # publish without dedup (G5)
             return
-        if step.waits is not None and step.waits(reply) is not None:  # holder being published:
-            ticket = await self.mw.dedup.arun(step)  # ask until it is confirmed or gone
+        if step.waits is not None and reply.pending:  # the holder is being published:
+            ticket = await self.mw.dedup.aresume(step)  # ask until it is confirmed or gone
         else:
             ticket = step.done(reply)
         self.recent.note(ticket)

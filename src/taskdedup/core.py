@@ -248,13 +248,16 @@ class Deduplicator:
         queue: str | None = None,
         delay: float = 0.0,
         payload: str | None = None,
+        expires_in: float | None = None,
     ) -> Ticket:
         """Take the enqueue lock for one call, or learn which job already holds it.
 
         Raises DuplicateJob when the policy says ``on_conflict="raise"``. After publishing an
         acquired ticket call :meth:`published`; if the publish fails, :meth:`publish_failed`.
         """
-        step = self.plan_enqueue(policy, args, kwargs, job_id, queue, delay, payload)
+        step = self.plan_enqueue(
+            policy, args, kwargs, job_id, queue, delay, payload, expires_in=expires_in
+        )
         return step if isinstance(step, Ticket) else self._run(step)
 
     async def aenqueue(
@@ -267,9 +270,12 @@ class Deduplicator:
         queue: str | None = None,
         delay: float = 0.0,
         payload: str | None = None,
+        expires_in: float | None = None,
     ) -> Ticket:
         """The asyncio twin of :meth:`enqueue`."""
-        step = self.plan_enqueue(policy, args, kwargs, job_id, queue, delay, payload)
+        step = self.plan_enqueue(
+            policy, args, kwargs, job_id, queue, delay, payload, expires_in=expires_in
+        )
         return step if isinstance(step, Ticket) else await self._arun(step)
 
     def plan_enqueue(
@@ -282,10 +288,15 @@ class Deduplicator:
         delay: float = 0.0,
         payload: str | None = None,
         key: str | None = None,
+        expires_in: float | None = None,
     ) -> Ticket | Step[Ticket]:
         """:meth:`enqueue` without running it: a Ticket when no store call is needed, else the
         Step whose ``op`` is an :class:`Acquire` (raises KeyEncodingError for bad arguments).
-        ``key``: the call's key, when the caller has already computed it."""
+        ``key``: the call's key, when the caller has already computed it. ``expires_in``: the
+        seconds after which the broker's job will never start (Celery's ``expires``); its lock
+        then lives no longer than that plus ``grace``, so a job that expires unseen (no worker
+        read it, or the worker that dropped it could not tell the store) does not hold its key
+        for the whole ttl (G13). A job that starts in time takes its lock's life at its claim."""
         job_id = job_id or str(uuid.uuid4())
         p, task = tp.policy, tp.task
         if not self.active(task) or p.strategy not in ENQUEUE_LOCKING:
@@ -294,6 +305,8 @@ class Deduplicator:
             return Ticket("skipped", job_id, None)
         key = key or tp.key_for(args, kwargs, queue)
         ttl = ms(p.ttl_seconds + max(delay, 0.0))
+        if expires_in is not None and p.strategy != "until_expired":  # a throttle outlives runs
+            ttl = min(ttl, ms(max(expires_in, 0.0) + self.settings.grace))
         grace = min(ms(self.settings.grace), ttl)
         dry = self.settings.dry_run
         op = Acquire(

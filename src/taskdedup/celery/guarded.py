@@ -18,7 +18,7 @@ from ..errors import StoreUnavailable
 from ..idempotency import Recall, fingerprint
 from ..policy import TaskPolicy
 from ..reservations import ReservePolicy
-from .messages import SCOPE_HEADER, add_key, delay_of, dump_call, queue_of
+from .messages import SCOPE_HEADER, add_key, delay_of, dump_call, expires_in_of, queue_of
 from .tasks import task_function
 from .worker import release_slot
 
@@ -105,6 +105,7 @@ def _enqueue(
         queue=queue_of(task, options),
         delay=delay_of(options),
         payload=payload,
+        expires_in=expires_in_of(options),
     )
     publisher.recent.note(ticket)
     return ticket

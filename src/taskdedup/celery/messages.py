@@ -53,6 +53,27 @@ def delay_of(options: dict[str, Any]) -> float:
     return max((eta - now).total_seconds(), 0.0)
 
 
+def expires_in_of(options: dict[str, Any]) -> float | None:
+    """Seconds until a job's ``expires`` (Celery's option or the task's default), if it has one:
+    after that no worker starts it."""
+    expires = options.get("expires")
+    if expires is None or isinstance(expires, bool):
+        return None
+    if isinstance(expires, (int, float)):
+        return max(float(expires), 0.0)
+    if isinstance(expires, str):
+        try:
+            expires = dt.datetime.fromisoformat(expires)
+        except ValueError:
+            return None  # Celery itself will say what is wrong with it
+    if not isinstance(expires, dt.datetime):
+        return None
+    now = dt.datetime.now(expires.tzinfo or dt.timezone.utc)
+    if expires.tzinfo is None:
+        now = now.replace(tzinfo=None)
+    return max((expires - now).total_seconds(), 0.0)
+
+
 def queue_of(task: Any, options: dict[str, Any]) -> str | None:
     """The queue name a call is sent to, when it says (for ``per_queue`` keys)."""
     queue = options.get("queue") or getattr(task, "queue", None)

@@ -32,6 +32,7 @@ from .messages import (
     add_key,
     delay_of,
     dump_call,
+    expires_in_of,
     queue_of,
 )
 from .redis_push import PENDING, NotPublished, PendingEnqueue, StoreDown
@@ -92,7 +93,16 @@ class Publisher:
             payload = dump_call(
                 args or (), kwargs or {}, options.get("serializer") or task.serializer
             )
-        plan = dedup.plan_enqueue(policy, args or (), kwargs or {}, job_id, queue, delay, payload)
+        plan = dedup.plan_enqueue(
+            policy,
+            args or (),
+            kwargs or {},
+            job_id,
+            queue,
+            delay,
+            payload,
+            expires_in=expires_in_of(options),
+        )
         options["task_id"] = job_id
         if isinstance(plan, Step) and self._fusable(plan):
             return self._publish_fused(plan, job_id, name, args, kwargs, options)
@@ -127,6 +137,7 @@ class Publisher:
             queue_of(task, options),
             delay_of(options),
             payload,
+            expires_in=expires_in_of(options),
         )
         try:
             ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)

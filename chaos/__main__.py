@@ -66,9 +66,10 @@ def summary(report: dict[str, Any]) -> list[str]:
         f"accepted but never finished: {u['count']}  (examined {u['jobs_examined']} job ids "
         f"handed to callers, {u['finished']} finished, {u['excused_revoked_or_expired']} "
         f"revoked/expired by the worker)",
-        f"  (not counted: a message published but never received by any worker, with a worker "
-        f"killed after it: lost by kombu's Redis transport, which pops a message before it "
-        f"records it as unacked, celery/celery#4354: {u['lost_in_transport']})",
+        f"  (not counted: a message published but never received by any worker, with a "
+        f"worker's consumer cut off after it (killed, crashed, broker restarted): lost by "
+        f"kombu's Redis transport, which pops a message before it records it as unacked, "
+        f"celery/celery#7950: {u['lost_in_transport']})",
         f"keys still held one lease after the load: {h['count']}  ({h['records']} lock records "
         f"on the store; not counted: {h['held_by_jobs_lost_in_transport']} held by jobs lost "
         f"in the transport)",

@@ -97,7 +97,8 @@ class Jobs:
     #: per job id: messages kombu published, and messages a worker's kombu took off the broker
     publishes: dict[str, int] = dataclasses.field(default_factory=dict)
     popped: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: when a whole worker (main process, its broker consumer) was killed
+    #: when a worker's broker consumer was cut off: its whole worker killed or found dead, or
+    #: the broker restarted under it
     consumer_kills: list[float] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -111,17 +112,20 @@ class Jobs:
         self.revoked |= {job for job, st in self.states.items() if st.get("status") == "REVOKED"}
 
     def lost_in_transport(self, job: str, runs: list[Run]) -> bool:
-        """A message of this job that kombu published no worker ever received, and a whole
-        worker (its consumer) was killed after the job was last seen: kombu's Redis transport
-        pops a message before it records it as unacked, so a consumer killed in between loses
-        it (celery/celery#4354, #7950). Any other loss counts against taskdedup."""
+        """A message of this job that kombu published no worker ever received, and a worker's
+        consumer was cut off (its worker killed or dead, or the broker restarted) after the job
+        was last seen (sent fresh, or a run of it ended; a duplicate answered with it says
+        nothing of its message): kombu's Redis transport pops a message before it records it
+        as unacked, in a second command, so a consumer cut off in between loses it
+        (celery/celery#4354, #7950). Any other loss counts against taskdedup."""
         about = self.about(job)
         sent = max(about["publishes"], 1 if about["published"] else 0)
         if not (self.drained and sent > about["received"]):
             return False
         if about["result"] in ("SUCCESS", "FAILURE"):
             return False
-        seen = [r.end for r in runs if r.job == job] + [e["t"] for e in self.submits.get(job, [])]
+        fresh = [e["t"] for e in self.submits.get(job, []) if not e["dedup"]]
+        seen = [r.end for r in runs if r.job == job] + fresh
         last_seen = max(seen, default=0.0)
         return any(t > last_seen for t in self.consumer_kills)
 

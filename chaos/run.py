@@ -75,6 +75,7 @@ class Soak:
         self.faults: list[dict[str, Any]] = []
         self.workers: list[Worker] = []
         self.restarts = 0
+        self.deaths: list[float] = []  # whole workers found dead (not killed by us): crashes
         self.max_held_seen = 0
         self.lock = threading.Lock()
 
@@ -211,6 +212,7 @@ class Soak:
     def restart_dead(self) -> None:
         for worker in self.workers:
             if not worker.alive():
+                self.deaths.append(time.time())
                 worker.start()
                 self.restarts += 1
 
@@ -302,7 +304,11 @@ class Soak:
             drained,
             {k: int(v) for k, v in self.records.hgetall(PUBLISHES).items()},
             {k: int(v) for k, v in self.records.hgetall(POPPED).items()},
-            [kill["t"] for kill in self.kills if kill["kind"] == "worker"],
+            sorted(
+                [kill["t"] for kill in self.kills if kill["kind"] == "worker"]
+                + self.deaths
+                + [f["from"] for f in self.faults if f["fault"] == "broker_restart"]
+            ),
         )
         digests, mismatched = key_digests(events, self.o.names)
         submits = [e for e in ledger if e["ev"] == "submit"]

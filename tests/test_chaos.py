@@ -98,6 +98,8 @@ def test_unfinished_detector_counts_lost_jobs_and_excuses_only_revoked_ones() ->
         submit("D", dedup=True),  # a duplicate answered with a holder that never existed
         submit("E"),  # published, never received, a consumer killed after: the transport's
         submit("F", t=1.0),  # published, never received, no consumer killed after: counted
+        submit("G"),  # as E: a duplicate answered with it after the kill says nothing of its
+        submit("G", dedup=True, t=2.0),  # message, so it is still the transport's loss
         {"ev": "submit", "name": "k1", "task": "t", "mode": "delay", "t": 0, "error": "X"},
     ]
     events = [
@@ -110,16 +112,16 @@ def test_unfinished_detector_counts_lost_jobs_and_excuses_only_revoked_ones() ->
     jobs = check.Jobs(
         ledger,
         {"C": {"status": "REVOKED"}},
-        published={"A", "B", "C", "E", "F"},
+        published={"A", "B", "C", "E", "F", "G"},
         received={"A": 1, "B": 1},
         publishes={"B": 1},  # B's retry was never published: not the transport's loss
         consumer_kills=[0.5],
     )
     result = check.unfinished(runs, jobs)
-    assert result["jobs_examined"] == 6
+    assert result["jobs_examined"] == 7
     assert sorted(s["job"] for s in result["samples"]) == ["B", "D", "F"]
     assert result["count"] == 3 and result["excused_revoked_or_expired"] == 1
-    assert result["lost_in_transport"] == 1
+    assert result["lost_in_transport"] == 2
 
 
 def test_held_detector_counts_held_keys_and_those_of_revoked_jobs() -> None:

@@ -76,7 +76,7 @@ class MemoryHarness(Harness):
 
     def __init__(self, prefix: str) -> None:
         self.clock = FakeClock()
-        self.store = self.memory = MemoryStore(prefix=prefix, clock=self.clock)
+        self.store = self.memory = MemoryStore(key_prefix=prefix, clock=self.clock)
 
     def after(self, seconds: float, predicate: Callable[[], Any], *, slack: float = 5.0) -> Any:
         self.clock.advance(seconds + 0.001)
@@ -100,7 +100,7 @@ class RedisHarness(Harness):
         from taskdedup.stores.redis import RedisStore
 
         self.client = redis.Redis.from_url(url)
-        self.store = RedisStore(self.client, prefix=prefix, url=url)
+        self.store = RedisStore(self.client, key_prefix=prefix, url=url)
         self.prefix = prefix
 
     def after(self, seconds: float, predicate: Callable[[], Any], *, slack: float = 5.0) -> Any:

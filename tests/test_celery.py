@@ -351,7 +351,7 @@ def test_a_failed_publish_releases_the_lock_before_the_error(
     from taskdedup import RedisStore
 
     app = make_app(redis_url, key_prefix)
-    store = RedisStore(redis.Redis.from_url(redis_url), prefix=key_prefix)
+    store = RedisStore(redis.Redis.from_url(redis_url), key_prefix=key_prefix)
     integ = install(app, store=store)
     assert not integ.fused_publish
 
@@ -672,7 +672,9 @@ def test_a_fresh_key_costs_no_round_trip_beyond_the_publish(
 
     monkeypatch.setattr(kombu_redis.Channel, "connection_class", CountingConnection)
     app = make_app(redis_url, key_prefix)
-    store = RedisStore.from_url(redis_url, prefix=key_prefix, connection_class=CountingConnection)
+    store = RedisStore.from_url(
+        redis_url, key_prefix=key_prefix, connection_class=CountingConnection
+    )
     assert install(app, store=store).fused_publish
 
     @deduplicate("until_executed")

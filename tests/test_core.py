@@ -175,7 +175,7 @@ def test_async_callers_share_the_logic(dedup: Deduplicator) -> None:
 def test_grace_is_confirmed_in_the_background(redis_url: str, key_prefix: str) -> None:
     from taskdedup import RedisStore
 
-    store = RedisStore.from_url(redis_url, prefix=key_prefix)
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
     dedup = Deduplicator(store, Settings(grace=30, key_prefix=key_prefix))
     tp = make(ttl=3600)
     t = dedup.enqueue(tp, (1,), job_id="A")

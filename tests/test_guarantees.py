@@ -29,9 +29,9 @@ def test_g1_64_threads_enqueue_one_key_and_exactly_one_acquires(
 ) -> None:
     store: Store
     if store_kind == "memory":
-        store = MemoryStore(prefix=key_prefix)
+        store = MemoryStore(key_prefix=key_prefix)
     else:
-        store = RedisStore.from_url(request.getfixturevalue("redis_url"), prefix=key_prefix)
+        store = RedisStore.from_url(request.getfixturevalue("redis_url"), key_prefix=key_prefix)
     dedup = Deduplicator(store)
 
     def publish(i: int) -> Ticket:  # a producer: the lock, the publish (assumed), confirmed
@@ -47,7 +47,7 @@ def test_g1_64_threads_enqueue_one_key_and_exactly_one_acquires(
 
 
 def _enqueue_in_process(url: str, prefix: str, i: int, barrier: Any, out: Any) -> None:
-    dedup = Deduplicator(RedisStore.from_url(url, prefix=prefix))
+    dedup = Deduplicator(RedisStore.from_url(url, key_prefix=prefix))
     barrier.wait()
     ticket = dedup.enqueue(BUILD, (7,), job_id=f"proc-{i}")
     dedup.published(ticket)
@@ -92,7 +92,7 @@ def evalsha_calls(client: redis.Redis) -> int:
 def test_g2_acquire_claim_and_finish_are_one_command_each(private_redis_url: str) -> None:
     client = redis.Redis.from_url(private_redis_url, connection_class=CountingConnection)
     observer = redis.Redis.from_url(private_redis_url)
-    dedup = Deduplicator(RedisStore(client, prefix="g2"))
+    dedup = Deduplicator(RedisStore(client, key_prefix="g2"))
     warm = dedup.enqueue(BUILD, (0,), job_id="warm")  # loads the scripts
     assert warm.key is not None
     dedup.finish(BUILD, warm.key, "warm")
@@ -130,7 +130,7 @@ def test_g2_acquire_claim_and_finish_are_one_command_each(private_redis_url: str
 
 def test_g2_scripts_reload_after_the_server_forgets_them(private_redis_url: str) -> None:
     client = redis.Redis.from_url(private_redis_url)
-    dedup = Deduplicator(RedisStore(client, prefix="noscript"))
+    dedup = Deduplicator(RedisStore(client, key_prefix="noscript"))
     first = dedup.enqueue(BUILD, (1,), job_id="A")
     assert first.acquired
     dedup.published(first)
@@ -144,7 +144,7 @@ def test_g4_core_heartbeat_keeps_a_job_and_a_dead_one_frees_its_key_after_the_le
     redis_url: str, key_prefix: str
 ) -> None:
     policy = Policy("until_executed", lease=0.6).bind("ci.build", build)
-    dedup = Deduplicator(RedisStore.from_url(redis_url, prefix=key_prefix))
+    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix))
     alive = dedup.enqueue(policy, (1,), job_id="alive")
     dead = dedup.enqueue(policy, (2,), job_id="dead")
     assert alive.key and dead.key
@@ -246,7 +246,7 @@ def test_g2_an_idempotency_key_and_a_reservation_are_one_command_each(
 
     client = redis.Redis.from_url(private_redis_url, connection_class=CountingConnection)
     observer = redis.Redis.from_url(private_redis_url)
-    dedup = Deduplicator(RedisStore(client, prefix="g2i"))
+    dedup = Deduplicator(RedisStore(client, key_prefix="g2i"))
     keys, guard = IdempotencyKeys(dedup), ReservationGuard(dedup.store)
     keys.recall("warm", "t", "fp", "warm")  # loads the scripts
     guard.reserve("warm", 1).release()

@@ -17,7 +17,7 @@ POLICY = Policy("until_executed").bind("ci.build", build)
 def test_one_store_serves_one_event_loop_after_another(redis_url: str, key_prefix: str) -> None:
     """A script that calls ``asyncio.run`` several times with one store: redis-py's asyncio
     clients are bound to their first loop, so each new loop gets clients of its own."""
-    store = RedisStore.from_url(redis_url, prefix=key_prefix)
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
     dedup = Deduplicator(store, Settings(on_store_error="raise"))
     first = asyncio.run(dedup.aenqueue(POLICY, ("loops",), job_id="j0"))
     dedup.published(first)
@@ -32,7 +32,7 @@ def test_threads_with_event_loops_of_their_own_share_one_store(
 ) -> None:
     """Each thread runs its own loop against the same store at the same time: every answer
     is the right one (each loop has its own clients)."""
-    store = RedisStore.from_url(redis_url, prefix=key_prefix)
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
     dedup = Deduplicator(store, Settings(on_store_error="raise"))
     wrong: list[str] = []
 
@@ -62,7 +62,7 @@ def test_loops_that_ended_leave_no_connections_behind(private_redis_url: str) ->
 
     admin = redis.Redis.from_url(private_redis_url)
     before = int(admin.info("clients")["connected_clients"])
-    store = RedisStore.from_url(private_redis_url, prefix="loops")
+    store = RedisStore.from_url(private_redis_url, key_prefix="loops")
     dedup = Deduplicator(store, Settings(on_store_error="raise"))
     for i in range(10):
         asyncio.run(dedup.aenqueue(POLICY, (f"k{i}",)))

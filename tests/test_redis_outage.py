@@ -98,7 +98,7 @@ def test_a_redis_out_of_memory_is_unavailable_for_producers_and_workers() -> Non
 
     server = PrivateRedis(extra_args=["--maxmemory", "1", "--maxmemory-policy", "noeviction"])
     with server:
-        dedup = Deduplicator(RedisStore.from_url(server.url, prefix="oom"))
+        dedup = Deduplicator(RedisStore.from_url(server.url, key_prefix="oom"))
         ticket = dedup.enqueue(POLICY, ("abc",))
         assert ticket.outcome == "store_unavailable" and ticket.should_publish
         admission = dedup.claim(POLICY, ticket.job_id, args=("abc",))

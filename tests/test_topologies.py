@@ -104,7 +104,7 @@ def cluster(tmp_path: Path) -> Iterator[str]:
 
 
 def test_cluster(cluster: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(cluster, prefix=key_prefix)
+    store = RedisStore.from_url(cluster, key_prefix=key_prefix)
     assert isinstance(store.client, RedisCluster)
     exercise(store)
     store.close()
@@ -141,7 +141,7 @@ def sentinel(tmp_path: Path) -> Iterator[str]:
 
 
 def test_sentinel(sentinel: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(sentinel, prefix=key_prefix)
+    store = RedisStore.from_url(sentinel, key_prefix=key_prefix)
     exercise(store)
     store.close()
 
@@ -200,13 +200,13 @@ def tls(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 def test_tls(tls: tuple[str, Path], key_prefix: str) -> None:
     url, cert = tls
-    store = RedisStore.from_url(url, prefix=key_prefix, ssl_ca_certs=str(cert))
+    store = RedisStore.from_url(url, key_prefix=key_prefix, ssl_ca_certs=str(cert))
     exercise(store)
     store.close()
 
 
 def test_heartbeat_thread_on_cluster(cluster: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(cluster, prefix=key_prefix)
+    store = RedisStore.from_url(cluster, key_prefix=key_prefix)
     dedup = Deduplicator(store)
     policy = Policy("until_executed", lease=0.6).bind("ci.build", build)
     t = dedup.enqueue(policy, ("x",), job_id="A")
@@ -232,7 +232,7 @@ def test_asyncio_on_sentinel_moves_past_a_silent_sentinel(sentinel: str, key_pre
         url = sentinel.replace(
             "redis+sentinel://", f"redis+sentinel://127.0.0.1:{silent.getsockname()[1]},"
         )
-        store = RedisStore.from_url(url, prefix=key_prefix, socket_timeout=1)
+        store = RedisStore.from_url(url, key_prefix=key_prefix, socket_timeout=1)
         dedup = Deduplicator(store, Settings(on_store_error="raise"))
 
         async def three() -> list[bool]:
@@ -253,7 +253,7 @@ def test_a_store_built_on_a_sync_client_serves_asyncio_calls_too(
     managed = redis.Sentinel([(host, int(port))]).master_for(parts[1])
     for client in (plain, managed):
         dedup = Deduplicator(
-            RedisStore(client, prefix=key_prefix), Settings(on_store_error="raise")
+            RedisStore(client, key_prefix=key_prefix), Settings(on_store_error="raise")
         )
 
         async def twice(dedup: Deduplicator) -> tuple[Any, Any]:

@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 
 from .errors import ConfigError
 from .policy import DEFAULT_LEASE, DEFAULT_TTL, STRATEGIES, Policy, Strategy, seconds
+from .suggest import did_you_mean
 
 OnStoreError = Literal["enqueue", "raise"]
 _SECONDS = ("default_ttl", "default_lease", "grace", "remember_finished", "idempotency_ttl")
@@ -91,9 +92,7 @@ class Settings:
         merged: dict[str, Any] = {}
         for name, value in (values or {}).items():
             if name not in fields:
-                raise ConfigError(
-                    f"unknown taskdedup setting {name!r}; known: {', '.join(sorted(fields))}"
-                )
+                raise ConfigError(f"unknown taskdedup setting {name!r}{did_you_mean(name, fields)}")
             if value is not None:
                 merged[name] = value
         env = os.environ if environ is None else environ

@@ -12,6 +12,6 @@ def rebuild(user_id, force=False): ...
 from __future__ import annotations
 
 from .integration import CeleryDedup, install, integration_for
-from .tasks import deduplicate, idempotent, reserve
+from .tasks import deduplicate, reserve
 
-__all__ = ["CeleryDedup", "deduplicate", "idempotent", "install", "integration_for", "reserve"]
+__all__ = ["CeleryDedup", "deduplicate", "install", "integration_for", "reserve"]

@@ -1,4 +1,10 @@
-"""``install(app)``: one call that wires taskdedup into a Celery app, idempotently."""
+"""``install(app)``: one call that wires taskdedup into a Celery app, idempotently.
+
+The settings are read when the app finalizes, as Celery reads its own (a ``config_from_object``
+after ``install()`` counts), and every task's declaration is checked then: ``app.finalize`` is
+wrapped, so an error reaches whoever finalized the app (a worker refuses to start) instead of
+being logged and dropped by Celery's signal dispatch.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +18,12 @@ from celery import signals
 
 from ..background import Heartbeat
 from ..core import Deduplicator
+from ..errors import ConfigError
 from ..idempotency import IdempotencyKeys
 from ..reservations import ReservationGuard
+from ..settings import Settings
 from ..stores import RedisStore, Store
+from .beat import BeatSkips, hook_scheduler
 from .config import settings_from_app, store_for_app
 from .publish import Publisher
 from .redis_push import install_hooks
@@ -27,15 +36,55 @@ class CeleryDedup:
 
     def __init__(self, app: Any, store: Store | None, overrides: dict[str, Any]) -> None:
         self.app = app
-        self.settings = settings_from_app(app, overrides)
+        self.overrides = {k: v for k, v in overrides.items() if v is not None}
+        Settings.load(self.overrides)  # a misspelled argument fails here, at install()
+        self._settings: Settings | None = None
         self._store = store
         self._dedup: Deduplicator | None = None
         self._heartbeat: Heartbeat | None = None
         self._heartbeat_pid = 0
         self._fused: bool | None = None
+        self._ready = False  # the finalized app's settings were read and its tasks checked
+        self._finalizing = False
         self.publisher: Publisher | None = None
         self._mutex = threading.RLock()  # heartbeat() makes the Deduplicator under it
         self.worker = Worker(self)
+        self.beat = BeatSkips(self)
+
+    @property
+    def settings(self) -> Settings:
+        """The settings: ``app.conf.taskdedup_*`` and ``install()``'s arguments, read when the
+        app finalizes (or when first needed, if that comes earlier)."""
+        if self._settings is None:
+            with self._mutex:
+                if self._settings is None:
+                    self._settings = settings_from_app(self.app, self.overrides)
+        return self._settings
+
+    def same_install(self, store: Store | None, overrides: dict[str, Any]) -> bool:
+        """Whether a later ``install()`` asks for nothing else: no arguments, or the same."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if store is None and not given:
+            return True
+        return store is self._store and given == self.overrides
+
+    def finalized(self) -> None:
+        """The app is finalized: read the settings (unless a Deduplicator already uses them),
+        then check and wrap every task. A bad setting or policy raises one ConfigError;
+        until it is fixed, every later ``app.finalize()`` (``app.tasks``) raises it again."""
+        with self._mutex:
+            if self._ready or self._finalizing:
+                return
+            self._finalizing = True
+            try:
+                if self._dedup is None:
+                    self._settings = settings_from_app(self.app, self.overrides)
+                errors = self._prepare_all()
+                if errors:
+                    raise ConfigError("\n".join(errors))
+                self._ready = True
+            finally:
+                self._finalizing = False
 
     @property
     def dedup(self) -> Deduplicator:
@@ -82,8 +131,19 @@ class CeleryDedup:
         return self._heartbeat
 
     def wrap_tasks(self, **_: Any) -> None:
-        for task in list(self.app.tasks.values()):
-            self.prepare(task)
+        """Prepare tasks registered after finalize (worker signals; a bad declaration was
+        raised at finalize, or is raised when the task is published)."""
+        if self.app.finalized:
+            self._prepare_all()
+
+    def _prepare_all(self) -> list[str]:
+        errors = []
+        for task in list(self.app._tasks.values()):
+            try:
+                self.prepare(task)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        return errors
 
     def prepare(self, task: Any) -> None:
         """Wrap a deduplicated task's ``run`` (worker side) and ``apply_async`` (fast answers
@@ -117,27 +177,46 @@ _installed: weakref.WeakKeyDictionary[Any, CeleryDedup] = weakref.WeakKeyDiction
 def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedup:
     """Wire taskdedup into ``app``: every publish path and every end of a job on the worker.
 
-    ``settings`` override ``app.conf.taskdedup_*`` (``TASKDEDUP_*`` variables override both).
-    Calling it again returns the same integration and changes nothing.
+    ``settings`` override ``app.conf.taskdedup_*`` (``TASKDEDUP_*`` variables override both);
+    the configuration is read when the app finalizes. Calling it again without arguments or
+    with the same ones returns the same integration; with other arguments it is a ConfigError.
     """
     integ = _installed.get(app)
     if integ is not None:
-        return integ
+        if integ.same_install(store, settings):
+            return integ
+        raise ConfigError(
+            f"install() was already called for app {app.main!r} with other arguments; "
+            "call it once per app, with all of its settings (or set app.conf.taskdedup_*)"
+        )
     integ = CeleryDedup(app, store, settings)
     _installed[app] = integ
     install_hooks()
+    hook_scheduler(integration_for)
     integ.publisher = Publisher(integ, app.send_task)
     app.send_task = integ.publisher
+    _hook_finalize(app, integ)
     if app.finalized:
-        integ.wrap_tasks()
-    else:
-        app.on_after_finalize.connect(integ.wrap_tasks, weak=False)
+        integ.finalized()
     for ready in (signals.worker_init, signals.worker_process_init, signals.celeryd_after_setup):
         ready.connect(integ.wrap_tasks, weak=False)  # tasks registered after finalize
     signals.task_revoked.connect(integ.revoked, weak=False)
     signals.task_received.connect(integ.received, weak=False)
     install_revoke_command()  # an ETA job a worker holds frees its key when it is revoked
     return integ
+
+
+def _hook_finalize(app: Any, integ: CeleryDedup) -> None:
+    """Run ``integ.finalized()`` at the end of every ``app.finalize()``, outside Celery's
+    signal dispatch (which would log a ConfigError and carry on)."""
+    original = app.finalize
+
+    @functools.wraps(original)
+    def finalize(auto: bool = False) -> None:
+        original(auto)
+        integ.finalized()
+
+    app.finalize = finalize
 
 
 def integration_for(app: Any) -> CeleryDedup | None:

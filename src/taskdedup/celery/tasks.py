@@ -1,23 +1,33 @@
 """Per-task declarations: ``@deduplicate(...)`` and ``@reserve(...)`` (or the ``deduplicate=``
-and ``reserve=`` task options), ``@idempotent``.
+and ``reserve=`` task options).
 
-A declaration is stored on the task (``task.deduplicate``, ``task.reserve``), so a policy set on
-a base class is inherited by its subclasses, and read when the task is published or run.
+A task option or a Task class keeps its declaration on the task (``task.deduplicate``,
+``task.reserve``), so a policy set on a base class is inherited by its subclasses. The
+decorators keep theirs on the task's function, so that they work on either side of
+``@app.task`` and with ``@shared_task`` (whose proxy stands for another task object in every
+app). Both are read when the task is published or run; the decorator's wins.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
+
+from celery.local import Proxy
 
 from ..errors import ConfigError
 from ..policy import OnConflict, Seconds, Strategy, TaskPolicy, given_options
 from ..reservations import DEFAULT_TTL, ReservePolicy
 from ..settings import Settings
+from ..suggest import check_policy_names
 
 T = TypeVar("T")
 _BOUND = "_taskdedup_bound"
 _LIMITS = "_taskdedup_limits"
+#: Where the decorators keep a declaration on a task's function.
+FUNCTION_ATTR = "_taskdedup_deduplicate"
+RESERVE_ATTR = "_taskdedup_reserve"
 
 
 def deduplicate(
@@ -32,16 +42,18 @@ def deduplicate(
     per_queue: bool | None = None,
     max_attempts: int | None = None,
 ) -> Callable[[T], T]:
-    """Deduplicate a Celery task; stack it on ``@app.task`` or put it on a Task class.
+    """Deduplicate a Celery task: stack it on ``@app.task`` or ``@shared_task`` (either
+    side), or put it on a Task class.
 
     Options left out take the app's defaults (``taskdedup_default_strategy`` and friends).
     A bad option raises ConfigError here, when the task is defined.
     """
-    options = given_options(locals())
+    given = dict(locals())
+    check_policy_names({name: value for name, value in given.items() if value is not None})
+    options = given_options(given)
 
     def apply(task: T) -> T:
-        task.deduplicate = options  # type: ignore[attr-defined]
-        _check(task)
+        _declare(task, "deduplicate", FUNCTION_ATTR, options)
         return task
 
     return apply
@@ -51,24 +63,18 @@ def reserve(
     max_concurrent: int, scope: str | Callable[..., Any], ttl: Seconds = DEFAULT_TTL
 ) -> Callable[[T], T]:
     """Cap a Celery task at ``max_concurrent`` jobs in flight per scope; stack it on
-    ``@app.task`` or put it on a Task class. Over the cap, ``apply_async`` raises
-    QuotaExceeded and publishes nothing. ``scope``: an argument name or a callable of the
-    task's arguments; ``ttl``: seconds a slot lives from reservation until the job starts."""
+    ``@app.task`` or ``@shared_task`` (either side) or put it on a Task class. Over the cap,
+    ``apply_async`` raises QuotaExceeded and publishes nothing. ``scope``: an argument name
+    or a callable of the task's arguments; ``ttl``: seconds a slot lives from reservation
+    until the job starts."""
     options = {"max_concurrent": max_concurrent, "scope": scope, "ttl": ttl}
     ReservePolicy.from_options(options)  # validate now
 
     def apply(task: T) -> T:
-        task.reserve = options  # type: ignore[attr-defined]
-        _check(task)
+        _declare(task, "reserve", RESERVE_ATTR, options)
         return task
 
     return apply
-
-
-def idempotent(task: T) -> T:
-    """Declare a task safe to run twice (read by the tools and the testing helper)."""
-    task.idempotent = True  # type: ignore[attr-defined]
-    return task
 
 
 def task_function(task: Any) -> Callable[..., Any]:
@@ -77,15 +83,55 @@ def task_function(task: Any) -> Callable[..., Any]:
     return cast(Callable[..., Any], getattr(run, "__wrapped__", run))
 
 
-def _check(task: Any) -> None:
-    """Bind the declaration now when the task is concrete, so bad ``keys=`` fail at definition."""
-    name = getattr(task, "name", None)
-    if isinstance(task, type) or not name:
+def _declare(target: Any, attr: str, function_attr: str, options: Any) -> None:
+    """Keep a decorator's declaration where every copy of the task finds it, and check it
+    now: on a Task class; on the function (below ``@app.task``, or behind a lazy task's
+    proxy, which is not evaluated); else on the task object."""
+    if isinstance(target, type):
+        setattr(target, attr, options)
         return
-    options = getattr(task, "deduplicate", None)
-    if options is not None:
-        Settings().policy(options).bind(name, task_function(task))
-    task_limits(task)
+    fn = _function_of(target)
+    if fn is not None:
+        setattr(fn, function_attr, options)
+        _check(f"{fn.__module__}.{fn.__name__}", fn, attr, options)
+        return
+    setattr(target, attr, options)
+    name = getattr(target, "name", None)
+    if name:
+        _check(name, task_function(target), attr, options)
+
+
+def _function_of(target: Any) -> Any:
+    """The function behind ``target``: the function itself, the argument of the PromiseProxy
+    that ``app.task`` returns before the app is finalized, or the function that
+    ``shared_task``'s proxy looks its task up by. None for a task (or a proxy evaluated
+    into one, which forwards the attribute to its task)."""
+    if isinstance(target, Proxy):
+        try:
+            args = object.__getattribute__(target, "_Proxy__args")
+            local = object.__getattribute__(target, "_Proxy__local")
+        except AttributeError:  # an evaluated PromiseProxy: it stands for its task now
+            return None
+        closure = getattr(local, "__closure__", None) or ()
+        for candidate in (*args, *(cell.cell_contents for cell in closure)):
+            if inspect.isfunction(candidate):
+                return candidate
+        return None
+    return target if inspect.isfunction(target) else None
+
+
+def _check(name: str, fn: Callable[..., Any], attr: str, options: Any) -> None:
+    """Bind a declaration to the function now, so bad ``keys=`` fail at definition."""
+    if attr == "deduplicate":
+        Settings().policy(options).bind(name, fn)
+    else:
+        _limits(name, fn, options)
+
+
+def declared(task: Any, attr: str, function_attr: str) -> Any:
+    """The task's declaration: its function's (from a decorator), else the task's own."""
+    options = getattr(task_function(task), function_attr, None)
+    return getattr(task, attr, None) if options is None else options
 
 
 def task_policy(task: Any, defaults: Settings) -> TaskPolicy | None:
@@ -93,31 +139,41 @@ def task_policy(task: Any, defaults: Settings) -> TaskPolicy | None:
 
     def bind(options: Any) -> TaskPolicy:
         try:
-            return defaults.policy(options).bind(task.name, task_function(task))
+            check_policy_names(options)
+            policy = defaults.policy(options)
         except ConfigError as exc:
             raise ConfigError(f"task {task.name!r}: {exc}") from None
+        return policy.bind(task.name, task_function(task))  # its errors name the task
 
-    return cast("TaskPolicy | None", _declared(task, "deduplicate", _BOUND, bind))
+    options = declared(task, "deduplicate", FUNCTION_ATTR)
+    return cast("TaskPolicy | None", _declared(task, options, _BOUND, bind))
 
 
 def task_limits(task: Any) -> ReservePolicy | None:
     """The task's reservation cap (cached on the task), or None when it declares none."""
+    options = declared(task, "reserve", RESERVE_ATTR)
 
     def build(options: Any) -> ReservePolicy:
-        try:
-            limits = ReservePolicy.from_options(options)
-            limits.check(task.name, task_function(task))
-        except (ConfigError, TypeError) as exc:
-            raise ConfigError(f"task {task.name!r}: reserve: {exc}") from None
-        return limits
+        return _limits(task.name, task_function(task), options)
 
-    return cast("ReservePolicy | None", _declared(task, "reserve", _LIMITS, build))
+    return cast("ReservePolicy | None", _declared(task, options, _LIMITS, build))
 
 
-def _declared(task: Any, name: str, cache: str, build: Callable[[Any], T]) -> T | None:
-    """``build(task.<name>)``, kept on the task under ``cache`` until the declaration changes
+def _limits(name: str, fn: Callable[..., Any], options: Any) -> ReservePolicy:
+    try:
+        limits = ReservePolicy.from_options(options)
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"task {name!r}: reserve: {exc}") from None
+    try:
+        limits.check(name, fn)  # its ConfigErrors name the task
+    except TypeError as exc:
+        raise ConfigError(f"task {name!r}: reserve: {exc}") from None
+    return limits
+
+
+def _declared(task: Any, options: Any, cache: str, build: Callable[[Any], T]) -> T | None:
+    """``build(options)``, kept on the task under ``cache`` until the declaration changes
     (a subclass may declare its own); None when the task declares nothing."""
-    options = getattr(task, name, None)
     if options is None or options is False:
         return None
     cached = getattr(task, cache, None)

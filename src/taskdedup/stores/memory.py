@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -53,10 +54,25 @@ FENCE_KEEP_MS = 86_400_000
 
 
 class MemoryStore(Store):
-    """An in-process store; ``clock`` returns seconds (default: ``time.time``)."""
+    """An in-process store; ``key_prefix`` starts every record's name (``prefix=`` is its
+    deprecated spelling), ``clock`` returns seconds (default: ``time.time``)."""
 
-    def __init__(self, prefix: str = "taskdedup", clock: Clock | None = None) -> None:
-        self.prefix = prefix
+    def __init__(
+        self,
+        key_prefix: str = "taskdedup",
+        clock: Clock | None = None,
+        *,
+        prefix: str | None = None,
+    ) -> None:
+        if prefix is not None:
+            warnings.warn(
+                "MemoryStore(prefix=...) is deprecated: use key_prefix=, as in the key_prefix "
+                "setting",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            key_prefix = prefix
+        self.prefix = key_prefix
         self.clock = clock or time.time
         self._records: dict[str, tuple[dict[str, Any], int]] = {}  # name -> (fields, expires ms)
         self._mutex = threading.Lock()

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import inspect
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -24,6 +25,7 @@ import redis.cluster
 import redis.exceptions
 
 from ..errors import ConfigError, StoreUnavailable
+from ..suggest import did_you_mean
 from .base import (
     Acquire,
     AcquireReply,
@@ -95,6 +97,50 @@ class _OneConnection(redis.asyncio.Redis):
         pass
 
 
+def _key_prefix(key_prefix: str, prefix: str | None) -> str:
+    """``key_prefix``, or the deprecated ``prefix=`` (the setting has always been key_prefix)."""
+    if prefix is None:
+        return key_prefix
+    warnings.warn(
+        "RedisStore(prefix=...) is deprecated: use key_prefix=, as in the key_prefix setting",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return prefix
+
+
+def _client_parameters(scheme: str) -> set[str]:
+    """The keyword arguments redis-py's clients take for ``scheme`` (sync and asyncio)."""
+    names: set[str] = set()
+    for lib in (redis, redis.asyncio):
+        made: list[Any] = [lib.Redis, lib.ConnectionPool]
+        made += [lib.connection.AbstractConnection, lib.connection.Connection]
+        made += [lib.connection.SSLConnection, lib.connection.UnixDomainSocketConnection]
+        if scheme == "redis+cluster":
+            made.append(lib.RedisCluster)
+        if scheme == "redis+sentinel":
+            made.append(lib.Sentinel)
+        for kind in made:
+            for param in inspect.signature(kind.__init__).parameters.values():
+                if param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+                    names.add(param.name)
+    names.discard("self")
+    return names
+
+
+def _check_options(scheme: str, options: dict[str, Any]) -> None:
+    """A keyword redis-py's client does not take fails now, not at the first operation."""
+    if not options:
+        return
+    accepted = _client_parameters(scheme)
+    for name in options:
+        if name not in accepted:
+            raise ConfigError(
+                f"RedisStore.from_url: redis-py's client takes no keyword {name!r}"
+                f"{did_you_mean(name, accepted)}"
+            )
+
+
 class RedisStore(Store):
     """A store on a redis-py client (sync) and/or a ``redis.asyncio`` client.
 
@@ -104,7 +150,8 @@ class RedisStore(Store):
 
     ``socket_timeout`` (redis-py's default, 5 s) bounds each operation: after it, Redis counts
     as unavailable (G5). The asyncio clients the store makes apply it per operation rather
-    than per socket write; a client you pass in keeps its own settings.
+    than per socket write; a client you pass in keeps its own settings. ``key_prefix`` starts
+    every key the store writes (``prefix=`` is its deprecated spelling).
     """
 
     def __init__(
@@ -112,10 +159,12 @@ class RedisStore(Store):
         client: Any = None,
         *,
         async_client: Any = None,
-        prefix: str = "taskdedup",
+        key_prefix: str = "taskdedup",
         url: str | None = None,
         client_options: dict[str, Any] | None = None,
+        prefix: str | None = None,
     ) -> None:
+        prefix = _key_prefix(key_prefix, prefix)
         if client is None and async_client is None and url is None:
             raise ConfigError("RedisStore needs a client, an async_client or a url")
         if not prefix or "{" in prefix or "}" in prefix:
@@ -136,16 +185,21 @@ class RedisStore(Store):
         self.calls = ScriptCalls(prefix)
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "taskdedup", **options: Any) -> RedisStore:
+    def from_url(
+        cls, url: str, *, key_prefix: str = "taskdedup", prefix: str | None = None, **options: Any
+    ) -> RedisStore:
         """A store for ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port``
-        or ``redis+sentinel://host:port[,host:port]/master_name[/db]`` (clients made lazily)."""
+        or ``redis+sentinel://host:port[,host:port]/master_name[/db]`` (clients made lazily).
+        ``options`` go to redis-py's client; one it does not take is a ConfigError here."""
         scheme = urlsplit(url).scheme
         if scheme not in ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel"):
             raise ConfigError(
                 f"unsupported store url {url!r}: use redis://, rediss://, unix://, "
                 "redis+cluster:// or redis+sentinel://"
             )
-        return cls(url=url, prefix=prefix, client_options=options)
+        _check_options(scheme, options)
+        key_prefix = _key_prefix(key_prefix, prefix)
+        return cls(url=url, key_prefix=key_prefix, client_options=options)
 
     # -- clients
 

@@ -25,6 +25,7 @@ from ..policy import STRATEGIES, OnConflict, Policy, Seconds, Strategy, TaskPoli
 from ..reservations import DEFAULT_TTL as DEFAULT_RESERVE_TTL
 from ..reservations import ReservePolicy
 from ..settings import Settings
+from ..suggest import check_policy_names, did_you_mean
 
 T = TypeVar("T")
 
@@ -98,7 +99,9 @@ def deduplicate(
     Options left out take the middleware's defaults (``default_strategy`` and friends). A bad
     option, or a ``keys=`` name the function does not take, raises ConfigError here.
     """
-    options = given_options(locals())
+    given = dict(locals())
+    check_policy_names({name: value for name, value in given.items() if value is not None})
+    options = given_options(given)
 
     def apply(target: T) -> T:
         if isinstance(target, AsyncTaskiqDecoratedTask):
@@ -193,7 +196,9 @@ class Policies:
         self._cache: dict[tuple[str, int, tuple[tuple[str, Any], ...]], tuple[Any, TaskPolicy]] = {}
 
     def check(self, task: AsyncTaskiqDecoratedTask[Any, Any]) -> None:
-        """Bind the task's declaration now, so a bad policy fails when the task is defined."""
+        """Bind the task's declaration now, so a bad policy or a misspelled label of
+        taskdedup's fails when the task is defined."""
+        check_labels(task.task_name, task.labels)
         self.resolve(task, declared(task), ())
 
     def for_message(
@@ -201,6 +206,7 @@ class Policies:
     ) -> TaskPolicy | None:
         """The policy of one call: the task's declaration adjusted by the message's labels."""
         base = declared(task)
+        check_labels(task.task_name, message.labels)
         overrides: list[tuple[str, Any]] = []
         for name in message.labels:
             if name.startswith(OPTION_PREFIX):
@@ -210,6 +216,11 @@ class Policies:
             return None  # switched off for this call
         if isinstance(switch, str) and switch in STRATEGIES:
             overrides.append(("strategy", switch))
+        elif isinstance(switch, str) and (message.labels_types or {}).get(LABEL) != LabelType.ANY:
+            raise ConfigError(  # (ANY: the task's own declaration, stringified by taskiq)
+                f"task {task.task_name!r}: label {LABEL}={switch!r} is no strategy"
+                f"{did_you_mean(switch, STRATEGIES)} (or use True or False)"
+            )
         if base is None or base is False:
             if switch is not True and not overrides:
                 return None
@@ -229,13 +240,38 @@ class Policies:
         if cached is not None and cached[0] is base:
             return cached[1]
         try:
-            bound = self.settings.policy(_merge(base, overrides)).bind(
-                task.task_name, call_shape(task_function(task))
-            )
+            merged = _merge(base, overrides)
+            check_policy_names(merged)
+            policy = self.settings.policy(merged)
         except ConfigError as exc:
             raise ConfigError(f"task {task.task_name!r}: {exc}") from None
+        bound = policy.bind(task.task_name, call_shape(task_function(task)))  # names the task
         self._cache[cache_key] = (base, bound)
         return bound
+
+
+#: The labels a caller sets; every other name that starts like them is a misspelling.
+_OWN_LABELS = frozenset(
+    [LABEL, RESERVE_LABEL, IDEMPOTENCY_KEY_LABEL, IDEMPOTENCY_TTL_LABEL]
+    + [OPTION_PREFIX + name for name in Policy.__dataclass_fields__]
+)
+_OWN_STARTS = ("dedup", "idempot")
+
+
+def check_labels(task: str, labels: Any) -> None:
+    """A label that starts like taskdedup's (``dedup...``, ``idempot...``) but is none of
+    them is a ConfigError naming the nearest one: misspelled, it would silently do nothing."""
+    for name in labels:
+        problem = _misspelled(name)
+        if problem is not None:
+            raise ConfigError(f"task {task!r}: {problem}")
+
+
+@functools.lru_cache(maxsize=256)
+def _misspelled(name: str) -> str | None:
+    if name in _OWN_LABELS or not name.lower().startswith(_OWN_STARTS):
+        return None
+    return f"unknown taskdedup label {name!r}{did_you_mean(name, _OWN_LABELS)}"
 
 
 def _merge(base: Any, overrides: tuple[tuple[str, Any], ...]) -> Any:

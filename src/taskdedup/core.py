@@ -578,6 +578,8 @@ class Deduplicator:
         attempt: int | None = None,
     ) -> bool:
         """The job will run again under the same id: keep its lock, now QUEUED (G6)."""
+        if not self.active(policy.task):  # the kill switch: no store command at all (G16)
+            return False
         return self._run(self._plan_retry(policy, key, job_id, delay, attempt))
 
     async def aretry(
@@ -589,6 +591,8 @@ class Deduplicator:
         delay: float = 0.0,
         attempt: int | None = None,
     ) -> bool:
+        if not self.active(policy.task):
+            return False
         return await self._arun(self._plan_retry(policy, key, job_id, delay, attempt))
 
     def _plan_retry(
@@ -612,11 +616,15 @@ class Deduplicator:
         self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None
     ) -> Completion:
         """The job ended for good (success or final failure): release, throttle or hand off."""
+        if not self.active(policy.task):  # the kill switch: no store command at all (G16)
+            return Completion(False)
         return self._run(self._plan_finish(policy, key, job_id, attempt))
 
     async def afinish(
         self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None
     ) -> Completion:
+        if not self.active(policy.task):
+            return Completion(False)
         return await self._arun(self._plan_finish(policy, key, job_id, attempt))
 
     def _plan_finish(

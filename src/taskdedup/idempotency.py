@@ -107,7 +107,15 @@ class IdempotencyKeys:
                 return Recall("new", job_id, key, confirm=grace_ms < ttl_ms, ttl_ms=ttl_ms)
             if settings.dry_run:  # decide and log, but answer nothing: the call publishes
                 outcome = "would_hit" if reply.fingerprint == fingerprint else "would_mismatch"
-                self.dedup.note("idempotency", outcome, logging.INFO, task, key=key, job=job_id)
+                self.dedup.note(  # names the original job, as a real hit would
+                    "idempotency",
+                    outcome,
+                    logging.INFO,
+                    task,
+                    key=key,
+                    job=reply.job_id,
+                    new=job_id,
+                )
                 return Recall("new", job_id, key)
             mismatch = reply.fingerprint != fingerprint
             if reply.pending and not (mismatch and settings.idempotency_on_mismatch == "raise"):

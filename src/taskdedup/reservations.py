@@ -130,30 +130,39 @@ def _without_slot(held: Lease) -> Lease:
 class Reservation:
     """One reserved slot; a context manager (``with`` and ``async with``)."""
 
-    def __init__(self, guard: ReservationGuard, scope: str, member: str, ttl_ms: int) -> None:
+    def __init__(
+        self, guard: ReservationGuard, scope: str, member: str, ttl_ms: int, held: bool = True
+    ) -> None:
         self.guard = guard
         self.scope = scope
         self.member = member
         self.ttl_ms = ttl_ms
+        #: False when no slot was taken: the guard is off (``enabled=False``), or ``dry_run``
+        #: let a call over the cap through; consuming and releasing it then touch no store
+        self.held = held
         self.job_id: str | None = None  # the job holding the slot, once consumed
         self.released = False
 
     def consume(self, job_id: str) -> None:
         """The job was dispatched: it holds the slot now (until it ends, or its ttl)."""
-        self.guard.store.run(Consume(self.scope, self.member, job_id, self.ttl_ms))
+        if self.held:
+            self.guard.store.run(Consume(self.scope, self.member, job_id, self.ttl_ms))
         self.job_id = job_id
 
     async def aconsume(self, job_id: str) -> None:
-        await self.guard.store.arun(Consume(self.scope, self.member, job_id, self.ttl_ms))
+        if self.held:
+            await self.guard.store.arun(Consume(self.scope, self.member, job_id, self.ttl_ms))
         self.job_id = job_id
 
     def release(self) -> None:
         """Give the slot back (nothing was dispatched, or the job ended)."""
-        self.guard.release(self.scope, self.job_id or self.member)
+        if self.held:
+            self.guard.release(self.scope, self.job_id or self.member)
         self.released = True
 
     async def arelease(self) -> None:
-        await self.guard.arelease(self.scope, self.job_id or self.member)
+        if self.held:
+            await self.guard.arelease(self.scope, self.job_id or self.member)
         self.released = True
 
     def __enter__(self) -> Reservation:
@@ -176,10 +185,31 @@ class Reservation:
 
 
 class ReservationGuard:
-    """Reserves, releases and lists slots of scopes in one store."""
+    """Reserves, releases and lists slots of scopes in one store.
 
-    def __init__(self, store: Store) -> None:
+    ``enabled=False`` (the kill switch, G16): every call is let through and no store command is
+    sent. ``dry_run=True``: slots are counted as usual, but a call over the cap is logged
+    (``reserve would_refuse`` / ``would_wait``) and let through without a slot instead of
+    refused. The adapters pass their settings' values.
+    """
+
+    def __init__(self, store: Store, *, enabled: bool = True, dry_run: bool = False) -> None:
         self.store = store
+        self.enabled = enabled
+        self.dry_run = dry_run
+
+    def _over_cap(self, op: Reserve, what: str) -> Reservation:
+        """A call over the cap: QuotaExceeded, or (dry run) logged and let through slotless."""
+        if not self.dry_run:
+            raise QuotaExceeded(op.scope, op.limit)
+        log.info(
+            "taskdedup: reserve %s: scope %s is full (%d in flight); dry run, so it goes on "
+            "without a slot",
+            what,
+            op.scope,
+            op.limit,
+        )
+        return Reservation(self, op.scope, op.member, op.ttl_ms, held=False)
 
     def _reserve_op(
         self, scope: str, max_concurrent: int, ttl: Seconds, member: str | None
@@ -199,8 +229,10 @@ class ReservationGuard:
         """A slot of ``scope``, or QuotaExceeded when ``max_concurrent`` are in flight.
         ``member``: hold the slot under this id (a job id) instead of a fresh reservation id."""
         op = self._reserve_op(scope, max_concurrent, ttl, member)
+        if not self.enabled:
+            return Reservation(self, scope, op.member, op.ttl_ms, held=False)
         if not self.store.run(op).granted:
-            raise QuotaExceeded(scope, max_concurrent)
+            return self._over_cap(op, "would_refuse")
         return Reservation(self, scope, op.member, op.ttl_ms)
 
     async def areserve(
@@ -212,45 +244,56 @@ class ReservationGuard:
         member: str | None = None,
     ) -> Reservation:
         op = self._reserve_op(scope, max_concurrent, ttl, member)
+        if not self.enabled:
+            return Reservation(self, scope, op.member, op.ttl_ms, held=False)
         if not (await self.store.arun(op)).granted:
-            raise QuotaExceeded(scope, max_concurrent)
+            return self._over_cap(op, "would_refuse")
         return Reservation(self, scope, op.member, op.ttl_ms)
 
     def release(self, scope: str, member: str) -> bool:
         """Free ``member``'s slot (a reservation id or a job id); False if it held none."""
+        if not self.enabled:
+            return False
         return self.store.run(Unreserve(scope, member))
 
     async def arelease(self, scope: str, member: str) -> bool:
+        if not self.enabled:
+            return False
         return await self.store.arun(Unreserve(scope, member))
 
     def start(
         self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None = None
-    ) -> Lease:
+    ) -> Lease | None:
         """The job starts: its slot now lives one lease (renew the returned Lease by heartbeat).
 
         A job without a live slot (its reservation lapsed in the queue, or it is a run owed by
         reschedule_once that was sent while the scope was full) takes one now if fewer than
         ``max_concurrent`` are in flight, else QuotaExceeded: the worker sends it again later
-        rather than run it over the cap. Without ``max_concurrent`` it starts anyway.
+        rather than run it over the cap. Without ``max_concurrent`` it starts anyway. None: no
+        slot to renew (the guard is off, or a dry run let the job start over the cap).
         """
+        if not self.enabled:
+            return None
         held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
         if self.store.run(Heartbeat((held,)))[0]:
             return held
         if max_concurrent is None:
             return _without_slot(held)
-        self.reserve(scope, max_concurrent, lease, member=job_id)  # or QuotaExceeded
-        return held
+        taken = self.reserve(scope, max_concurrent, lease, member=job_id)  # or QuotaExceeded
+        return held if taken.held else None
 
     async def astart(
         self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None = None
-    ) -> Lease:
+    ) -> Lease | None:
+        if not self.enabled:
+            return None
         held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
         if (await self.store.arun(Heartbeat((held,))))[0]:
             return held
         if max_concurrent is None:
             return _without_slot(held)
-        await self.areserve(scope, max_concurrent, lease, member=job_id)  # or QuotaExceeded
-        return held
+        taken = await self.areserve(scope, max_concurrent, lease, member=job_id)
+        return held if taken.held else None
 
     def active(self, scope: str) -> list[Slot]:
         """The live reservations and job slots of a scope, soonest to expire first."""

@@ -119,7 +119,10 @@ class CeleryDedup:
 
     @functools.cached_property
     def reservations(self) -> ReservationGuard:
-        return ReservationGuard(self.dedup.store)
+        settings = self.dedup.settings
+        return ReservationGuard(
+            self.dedup.store, enabled=settings.enabled, dry_run=settings.dry_run
+        )
 
     def heartbeat(self) -> Heartbeat:
         """This process's heartbeat thread (a fresh one in each forked pool child)."""

@@ -64,7 +64,10 @@ class DedupMiddleware(TaskiqMiddleware):
 
     @functools.cached_property
     def reservations(self) -> ReservationGuard:
-        return ReservationGuard(self.dedup.store)
+        settings = self.dedup.settings
+        return ReservationGuard(
+            self.dedup.store, enabled=settings.enabled, dry_run=settings.dry_run
+        )
 
     @property
     def dedup(self) -> Deduplicator:

@@ -348,6 +348,26 @@ def test_only_the_holder_can_extend_release_or_hand_off(h: Harness) -> None:
     assert h.store.run(Inspect(k)) is None
 
 
+def test_a_queued_only_release_frees_a_queued_lock_never_a_running_one_or_a_run_lock(
+    h: Harness,
+) -> None:
+    """A discarded or expired copy of a job frees its key only while the job waits (G13); a
+    run of the job still going elsewhere keeps it (G12)."""
+    queued, running, run_locked = new_key(), new_key(), new_key()
+    h.store.run(acquire(queued, "A"))
+    assert h.store.run(Release(queued, "A", queued_only=True)) is True
+    assert h.store.run(Inspect(queued)) is None
+    h.store.run(acquire(running, "B"))
+    h.store.run(claim(running, "B"))
+    assert h.store.run(Release(running, "B", queued_only=True)) is False
+    info = h.store.run(Inspect(running))
+    assert info is not None and info.job_id == "B" and info.state == "running"
+    h.store.run(claim(run_locked, "C", mode="none", run_lock=True))
+    assert h.store.run(Release(run_locked, "C", queued_only=True)) is False
+    assert h.store.run(claim(run_locked, "D", mode="none", run_lock=True)).outcome == "busy"
+    assert h.store.run(Release(run_locked, "C")) is True  # terminate: everything goes
+
+
 def test_fencing_tokens_strictly_increase_over_1000_acquisitions(h: Harness) -> None:
     k = new_key()
     last = 0

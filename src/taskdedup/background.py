@@ -332,7 +332,7 @@ class Releaser:
         self.dedup = dedup
         self.interval = interval
         self.patience = patience
-        self._pending: dict[tuple[str, str], float] = {}  # (key, job id) -> give up at
+        self._pending: dict[Release, float] = {}  # the release -> give up at
         self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -343,9 +343,9 @@ class Releaser:
         self._pending, self._mutex, self._wake = {}, threading.Lock(), threading.Event()
         self._thread, self._pid = None, 0
 
-    def add(self, key: str, job_id: str) -> None:
+    def add(self, op: Release) -> None:
         with self._mutex:
-            self._pending[(key, job_id)] = time.monotonic() + self.patience
+            self._pending[op] = time.monotonic() + self.patience
             if self._pid != os.getpid():  # first use, or a forked child: start our thread
                 self._pid = os.getpid()
                 self._thread = threading.Thread(
@@ -366,14 +366,14 @@ class Releaser:
             self._pending = {item: end for item, end in self._pending.items() if end > now}
             batch = list(self._pending)
         taken = 0
-        for key, job_id in batch:
+        for op in batch:
             try:
-                self.dedup.store.run(Release(key, job_id))
+                self.dedup.store.run(op)
             except Exception:  # still down: the rest would fail alike
                 break
             taken += 1
             with self._mutex:
-                self._pending.pop((key, job_id), None)
+                self._pending.pop(op, None)
         if taken:
             log.info("taskdedup: %d release(s) missed while the store was down are done", taken)
         return taken

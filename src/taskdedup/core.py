@@ -667,14 +667,20 @@ class Deduplicator:
 
         return Step(op, done, failed)
 
-    def release(self, key: str, job_id: str, *, task: str = "?") -> bool:
-        """Owner-checked release (failed publish, revoke): only ``job_id``'s lock goes."""
-        return self._run(self._plan_release(key, job_id, task))
+    def release(self, key: str, job_id: str, *, task: str = "?", queued_only: bool = False) -> bool:
+        """Owner-checked release (failed publish, revoke): only ``job_id``'s lock goes.
+        ``queued_only``: only while that lock is QUEUED (a discarded or expired copy of a job
+        must not free the key of the job's run still going elsewhere)."""
+        return self._run(self._plan_release(Release(key, job_id, queued_only), task))
 
-    async def arelease(self, key: str, job_id: str, *, task: str = "?") -> bool:
-        return await self._arun(self._plan_release(key, job_id, task))
+    async def arelease(
+        self, key: str, job_id: str, *, task: str = "?", queued_only: bool = False
+    ) -> bool:
+        return await self._arun(self._plan_release(Release(key, job_id, queued_only), task))
 
-    def _plan_release(self, key: str, job_id: str, task: str) -> Step[bool]:
+    def _plan_release(self, op: Release, task: str) -> Step[bool]:
+        key, job_id = op.key, op.job_id
+
         def done(released: bool) -> bool:
             self.note(
                 "release",
@@ -698,10 +704,10 @@ class Deduplicator:
                 then="sent again when the store answers",
                 error=exc,
             )
-            self.releaser.add(key, job_id)
+            self.releaser.add(op)
             return False
 
-        return Step(Release(key, job_id), done, failed)
+        return Step(op, done, failed)
 
     def close(self) -> None:
         """Flush pending confirmations and stop background work."""

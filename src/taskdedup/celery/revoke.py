@@ -15,7 +15,11 @@ Celery reports these ends in three places, and taskdedup listens at each, on the
 
 Every release is owner-checked by job id, so freeing the same job twice (at the revoke, then
 when Celery discards it) is harmless, and a heartbeat of a terminated body that lives on
-cannot take the lock back: the heartbeat only renews a lock its job still holds.
+cannot take the lock back: the heartbeat only renews a lock its job still holds. A discarded
+or expired job frees only a lock still QUEUED, and its slot only while the store does not
+record the job as running: a plain revoke does not stop a run, and every worker discards the
+copies of a revoked job it receives (a redelivery, a copy sent again), so freeing more would
+let a new job run beside the one still going. ``terminate=True`` frees everything.
 """
 
 from __future__ import annotations
@@ -82,14 +86,18 @@ def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
     job_id = getattr(request, "id", None)
     if not job_id:
         return
+    killed = why == "terminated"  # else the job never ran here: it may run elsewhere
     try:
         scope = header(request, SCOPE_HEADER)
-        if scope:
-            release_slot(integ, scope, job_id)
         policy = task_policy(task, integ.settings)
-        if policy is None or not integ.dedup.active(task.name):
+        active = policy is not None and integ.dedup.active(task.name)
+        key = header(request, KEY_HEADER) or (
+            key_from_arguments(policy, request) if active else None
+        )
+        if scope and (killed or not runs_elsewhere(integ, key, job_id)):
+            release_slot(integ, scope, job_id)
+        if not active:
             return
-        key = header(request, KEY_HEADER) or key_from_arguments(policy, request)
         if key is None:
             log.info(
                 "taskdedup: %s %s[%s]: its key is unknown (no %s header, no arguments); "
@@ -100,10 +108,28 @@ def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
                 KEY_HEADER,
             )
             return
-        if integ.dedup.release(key, job_id, task=task.name):
+        if integ.dedup.release(key, job_id, task=task.name, queued_only=not killed):
             log.info("taskdedup: %s %s[%s]: its key is free", why, task.name, job_id)
+        elif not killed:
+            log.info(
+                "taskdedup: %s %s[%s]: its key is not queued (its job runs, or ran, elsewhere): "
+                "left to that run",
+                why,
+                task.name,
+                job_id,
+            )
     except Exception:
         log.exception("taskdedup: could not free the key of %s %s[%s]", why, task.name, job_id)
+
+
+def runs_elsewhere(integ: CeleryDedup, key: str | None, job_id: str) -> bool:
+    """Whether the store's record says ``job_id`` is running now (a copy of it was discarded
+    here: a plain revoke does not stop the run). Without a key nothing can tell: False."""
+    if key is None:
+        return False
+    from .canvas import job_record
+
+    return job_record(integ.dedup.store, key, job_id) == "running"
 
 
 def header(request: Any, name: str) -> Any:

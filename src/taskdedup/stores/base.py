@@ -203,10 +203,13 @@ class Finish(Op[FinishReply]):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Release(Op[bool]):
-    """Owner-checked release of the enqueue and run locks (failed publish, revoke)."""
+    """Owner-checked release of the enqueue and run locks (failed publish, revoke).
+    ``queued_only``: free the enqueue lock only while it is QUEUED, and no run lock: a job
+    discarded or expired somewhere never frees the key of its own run still going elsewhere."""
 
     key: str
     job_id: str
+    queued_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -368,6 +368,13 @@ class MemoryStore(Store):
         return released
 
     def _release(self, op: Release, now: int) -> bool:
+        if op.queued_only:
+            name = self._name(op.key, "lock")
+            lock = self._get(name, now)
+            if lock is None or lock["j"] != op.job_id or lock["s"] != "q":
+                return False
+            self._delete(name)
+            return True
         return self._release_locks(op.key, op.job_id, now)
 
     def _confirm(self, op: Confirm, now: int) -> int:

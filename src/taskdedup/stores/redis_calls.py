@@ -176,7 +176,10 @@ class ScriptCalls:
 
     def release(self, op: Release) -> ScriptCall:
         return ScriptCall(
-            "release", self.names(op.key, "lock", "run"), [op.job_id], lambda r: int(r) > 0
+            "release",
+            self.names(op.key, "lock", "run"),
+            [op.job_id, "1" if op.queued_only else "0"],
+            lambda r: int(r) > 0,
         )
 
     def inspect(self, op: Inspect) -> ScriptCall:

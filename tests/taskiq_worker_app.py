@@ -121,6 +121,17 @@ async def leased(name: str, seconds: float) -> str:
     return name
 
 
+@broker.task(task_name="sub.held", deduplicate={"strategy": "until_executed", "lease": 15})
+async def held(name: str, seconds: float) -> str:
+    """A copy of it delivered while it runs is sent again after 16 s; sleeps ``seconds``, or the
+    number in the mark ``sleep:<name>`` once the test has set it."""
+    count(f"runs:{name}")
+    mark(f"pid:{name}", os.getpid())
+    override = marks.get(f"{PREFIX}:mark:sleep:{name}")
+    await asyncio.sleep(float(override) if override is not None else seconds)
+    return name
+
+
 # ---- fault tests (tests/test_faults_taskiq.py): runs record their start and end --------------
 
 

@@ -115,3 +115,45 @@ def test_a_job_whose_claim_meets_a_stalled_store_runs_once_it_answers_and_frees_
     runs = [entry for entry in runs_of(worker, "s") if entry[:2] == ("start", job.task_id)]
     assert len(runs) == 1, runs
     assert runs[0][3] >= resumed_at, "the job ran while the store could not guard it"
+
+
+def test_a_deferred_copy_is_not_lost_when_its_worker_dies_before_sending_it(
+    app_env: Any,  # noqa: F811
+    start: Callable[..., WorkerProcess],  # noqa: F811
+) -> None:
+    # A stream broker with acknowledgements (idle timeout 1 s). Job J runs on worker 1, which
+    # is killed: J's lease (15 s) is still alive when worker 2 claims J's message again, so
+    # worker 2 defers it (a copy in 16 s). Worker 2 is killed before it sends that copy. The
+    # delivery must still be in the broker (not acknowledged before its copy was out), so
+    # worker 3 gets it and J runs to the end.
+    env = {"TD_BROKER": "stream", "TD_IDLE_MS": "1000"}
+    app = app_env(**env)
+    first = start(**env)
+
+    async def body() -> Any:
+        job = await app.held.kiq("h", 60)
+        await asyncio.to_thread(wait_for, lambda: first.mark("pid:h"), 30, "J to start")
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        first.client.set(f"{first.prefix}:mark:sleep:h", 0.2, ex=600)  # later runs are short
+        second = await asyncio.to_thread(start, **env)
+        # taskiq-redis claims unacknowledged messages again only after a read that found new
+        # ones: a new message now and then makes the worker look
+        deferred = f"not running sub.held[{job.task_id}]: running"
+        deadline = time.monotonic() + 30
+        while deferred not in second.log_path.read_text():
+            assert time.monotonic() < deadline, "worker 2 never deferred J"
+            await app.held.kiq(f"nudge-2-{time.monotonic()}", 0)
+            await asyncio.sleep(0.5)
+        os.killpg(second.proc.pid, signal.SIGKILL)
+        second.proc.wait(10)
+        await asyncio.to_thread(start, **env)
+        deadline = time.monotonic() + 60
+        while first.client.get(f"{first.prefix}:mark:runs:h") != b"2":
+            assert time.monotonic() < deadline, "J never ran again: its delivery was lost"
+            await app.held.kiq(f"nudge-3-{time.monotonic()}", 0)  # make worker 3 look
+            await asyncio.sleep(1)
+        return await job.wait_result(timeout=60)
+
+    result = run(with_broker(app, body))
+    assert not result.is_err and result.return_value == "h"

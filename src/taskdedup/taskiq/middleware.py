@@ -57,6 +57,7 @@ class DedupMiddleware(TaskiqMiddleware):
     def set_broker(self, broker: AsyncBroker) -> None:
         super().set_broker(broker)
         self.producer.install(broker)
+        self.worker.resender.watch(broker)  # a stopping worker sends its waiting copies at once
 
     @functools.cached_property
     def idempotency(self) -> IdempotencyKeys:

@@ -2,10 +2,13 @@
 holder running, its scope full), and the one more run owed by reschedule_once.
 
 These sends bypass taskdedup's producer side (the worker has settled their lock and slot), so
-they are never deduplicated against themselves. A short wait holds the delivery until its
-copy is in the broker (a broker with acknowledgements redelivers it if the worker dies
-meanwhile); a longer one does not, so that a worker stopping gracefully is not kept waiting:
-it sends the copies still waiting at once.
+they are never deduplicated against themselves. The delivery is held (not acknowledged) until
+its copy is in the broker, however long the wait: a broker with acknowledgements (taskiq-redis'
+RedisStreamBroker) then redelivers it if the worker dies meanwhile, so the job is never lost
+to a worker killed between the two. A worker stopping gracefully sends the copies still waiting
+at once, so it is not kept waiting. A broker without acknowledgements (ListQueueBroker) has
+taken the message off its queue before the worker sees it: there a worker killed while a copy
+waits loses that job, as it would lose any message it holds.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from taskiq.kicker import AsyncKicker
 from taskiq.message import TaskiqMessage
 
-from ..core import FULL_DELAY, STORE_RETRY_MAX, Ticket
+from ..core import STORE_RETRY_MAX, Ticket
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..stores.base import Handoff
 from .options import (
@@ -39,9 +42,6 @@ if TYPE_CHECKING:
     from .middleware import DedupMiddleware
 
 log = logging.getLogger("taskdedup")
-#: A delivery sent again within this many seconds (busy, scope full) is held until its copy is
-#: out; a copy of a running job (lease + 1 s) is not.
-HOLD_AT_MOST = FULL_DELAY
 _NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
 
@@ -60,14 +60,15 @@ class Resender:
         self.mw = middleware
         self._later: set[asyncio.Task[None]] = set()  # copies waiting to be sent again
         self._stopping = False
+        self._stop = asyncio.Event()  # set when the worker stops: send every copy now
 
     async def later(
         self, message: TaskiqMessage, delay: float, *, store_waits: int | None = None
     ) -> None:
-        """Send a copy of this delivery (same id) after ``delay``; a short wait holds the
-        delivery until then (a broker with acknowledgements redelivers it if the worker dies
-        meanwhile); a worker that stops sends the copies still waiting at once. A copy the
-        broker refuses is tried again, with back-off, until it is taken or the worker stops.
+        """Send a copy of this delivery (same id) after ``delay``, holding the delivery until
+        then (a broker with acknowledgements redelivers it if the worker dies meanwhile); a
+        worker that stops sends the copies still waiting at once. A copy the broker refuses is
+        tried again, with back-off, until it is taken or the worker stops.
         ``store_waits``: the count of claims the store could not answer, carried on the copy."""
         copy = message.model_copy(deep=True)
         copy.kwargs.pop(SKIP_KWARG, None)
@@ -77,15 +78,14 @@ class Resender:
         later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
         self._later.add(later)
         later.add_done_callback(self._later.discard)
-        if delay <= HOLD_AT_MOST:
-            await asyncio.shield(later)
+        await asyncio.shield(later)
 
     async def _send_later(self, message: TaskiqMessage, delay: float) -> None:
         pause = delay
         while True:
             if not self._stopping:
-                with contextlib.suppress(asyncio.CancelledError):  # stopping: send it now
-                    await asyncio.sleep(pause)
+                with contextlib.suppress(asyncio.TimeoutError):  # the worker stops: send now
+                    await asyncio.wait_for(self._stop.wait(), pause)
             try:
                 await self.send(message)
                 return
@@ -181,10 +181,31 @@ class Resender:
             )
         return scope
 
+    def watch(self, broker: Any) -> None:
+        """Send the waiting copies at once when the worker stops reading ``broker`` (taskiq
+        closes its ``listen()`` iterator at shutdown, before it waits for the deliveries in
+        hand, which are held until their copies are out)."""
+        original = broker.listen
+        if getattr(original, "_taskdedup_watched", False):
+            return
+
+        async def listen(*args: Any, **kwargs: Any) -> Any:
+            try:
+                async for message in original(*args, **kwargs):
+                    yield message
+            finally:
+                self.hurry()
+
+        listen._taskdedup_watched = True  # type: ignore[attr-defined]
+        broker.listen = listen
+
+    def hurry(self) -> None:
+        """The worker stops: every copy still waiting is sent now."""
+        self._stopping = True
+        self._stop.set()  # each waiting copy is sent now (a send under way is not cut off)
+
     async def close(self) -> None:
         """Send the copies still waiting now, so none is lost."""
-        self._stopping = True
         waiting = list(self._later)
-        for later in waiting:
-            later.cancel()  # each sends its copy now
+        self.hurry()
         await asyncio.gather(*waiting, return_exceptions=True)

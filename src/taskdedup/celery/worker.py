@@ -130,8 +130,7 @@ class Worker:
                 resend(task, args, kwargs, admission.retry_after, store_waits=waits)
             except Exception as exc:
                 if time.monotonic() + admission.retry_after > give_up:
-                    self._free_lock(task, policy, args, kwargs)  # the job fails here (G5)
-                    raise
+                    self._give_up(task, policy, args, kwargs, admission, exc)
                 log.warning(
                     "taskdedup: could not send %s[%s] back to the broker (%s): %s; it waits "
                     "here and asks again in %gs",
@@ -147,6 +146,35 @@ class Worker:
         request.taskdedup_key = admission.key
         request.taskdedup_fence = admission.fence
         return admission
+
+    def _give_up(
+        self,
+        task: Any,
+        policy: TaskPolicy,
+        args: Any,
+        kwargs: Any,
+        admission: Admission,
+        exc: Exception,
+    ) -> NoReturn:
+        """The broker would not take this delivery back for STAY_AT_MOST seconds. If the store
+        never answered, the job fails visibly, its lock freed first (G5). If another run holds
+        the key (busy) or this very job runs elsewhere (a copy of it), nothing here is ours to
+        free: an acks_late delivery goes back to the broker (Reject with requeue), any other
+        fails visibly, the other run's key untouched."""
+        if admission.outcome == "store_unavailable":
+            self._free_lock(task, policy, args, kwargs)
+            raise exc
+        if getattr(task, "acks_late", False):
+            log.warning(
+                "taskdedup: could not send %s[%s] back to the broker for %gs (%s): it is "
+                "rejected with requeue; the run holding its key is left alone",
+                task.name,
+                task.request.id,
+                STAY_AT_MOST,
+                admission.outcome,
+            )
+            raise Reject(exc, requeue=True) from exc
+        raise exc
 
     def _start_slot(
         self, task: Any, policy: TaskPolicy | None, args: Any, kwargs: Any

@@ -368,6 +368,19 @@ def test_a_queued_only_release_frees_a_queued_lock_never_a_running_one_or_a_run_
     assert h.store.run(Release(run_locked, "C")) is True  # terminate: everything goes
 
 
+def test_a_claim_whose_reply_was_lost_is_not_taken_for_a_run_of_its_job(h: Harness) -> None:
+    """The store ran a claim but the worker never heard (a timeout after the write): the job's
+    next delivery names that claim's nonce as lost and runs now, instead of waiting a lease for
+    a run that never started; a claim it does not name still counts as a run elsewhere (G7)."""
+    k = new_key()
+    h.store.run(acquire(k, "J"))
+    assert h.store.run(claim(k, "J", nonce="n1")).outcome == "run"  # its reply was lost
+    assert h.store.run(claim(k, "J", nonce="n2")).outcome == "running"  # a real copy: waits
+    again = h.store.run(claim(k, "J", nonce="n3", lost_claims=("n0", "n1")))
+    assert again.outcome == "run" and again.attempts == 2
+    assert h.store.run(claim(k, "J", nonce="n4", lost_claims=("n1",))).outcome == "running"
+
+
 def test_fencing_tokens_strictly_increase_over_1000_acquisitions(h: Harness) -> None:
     k = new_key()
     last = 0

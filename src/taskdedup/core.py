@@ -104,12 +104,36 @@ class Admission:
     lease: Lease | None = None  # renew this while the job runs
     dry_run: bool = False
     retry_after: float | None = None  # not run now: send this delivery again in so many s
+    #: the claim's own id: when the store could not answer (store_unavailable), the delivery
+    #: sent again carries it among its lost claims, so a record that claim may have written is
+    #: not taken for a run of the job elsewhere
+    claim_nonce: str = ""
 
     @property
     def should_run(self) -> bool:
         """Run the body now. Otherwise the delivery is sent again after ``retry_after``
         (busy, its holder running, the store down) or, when that is None, dropped."""
         return self.outcome in ("run", "skipped") or self.dry_run
+
+
+#: How many lost claims a delivery remembers (the store answers again long before more pile up)
+LOST_CLAIMS_KEPT = 8
+
+
+def parse_lost_claims(value: Any) -> list[str]:
+    """The lost claims a delivery carries (a header or label: a list, or comma-separated)."""
+    if not value:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(item) for item in items if item][-LOST_CLAIMS_KEPT:]
+
+
+def with_lost_claim(lost: Sequence[str], admission: Admission) -> list[str]:
+    """``lost`` plus this claim's nonce when the store could not answer it (its reply may have
+    been lost after the store wrote the job's record)."""
+    if admission.outcome != "store_unavailable" or not admission.claim_nonce:
+        return list(lost)
+    return [*lost, admission.claim_nonce][-LOST_CLAIMS_KEPT:]
 
 
 def store_retry_delay(waits: int) -> float:
@@ -432,12 +456,17 @@ class Deduplicator:
         queue: str | None = None,
         attempt: int | None = None,
         store_waits: int = 0,
+        lost_claims: Sequence[str] = (),
     ) -> Admission:
         """A worker is about to run ``job_id``: may it? (``key`` is recomputed when not given.)
 
         ``store_waits``: how many times this delivery was already sent back because the store
-        could not answer its claim (sets the back-off of the next one)."""
-        step = self._plan_claim(policy, job_id, key, args, kwargs, queue, attempt, store_waits)
+        could not answer its claim (sets the back-off of the next one). ``lost_claims``: the
+        nonces of this job's earlier claims whose replies never arrived (see
+        ``Admission.claim_nonce``)."""
+        step = self._plan_claim(
+            policy, job_id, key, args, kwargs, queue, attempt, store_waits, lost_claims
+        )
         return step if isinstance(step, Admission) else self._run(step)
 
     async def aclaim(
@@ -451,8 +480,11 @@ class Deduplicator:
         queue: str | None = None,
         attempt: int | None = None,
         store_waits: int = 0,
+        lost_claims: Sequence[str] = (),
     ) -> Admission:
-        step = self._plan_claim(policy, job_id, key, args, kwargs, queue, attempt, store_waits)
+        step = self._plan_claim(
+            policy, job_id, key, args, kwargs, queue, attempt, store_waits, lost_claims
+        )
         return step if isinstance(step, Admission) else await self._arun(step)
 
     def _plan_claim(
@@ -465,6 +497,7 @@ class Deduplicator:
         queue: str | None,
         attempt: int | None,
         store_waits: int = 0,
+        lost_claims: Sequence[str] = (),
     ) -> Admission | Step[Admission]:
         p, task = tp.policy, tp.task
         if not self.active(task):
@@ -488,6 +521,8 @@ class Deduplicator:
             max_attempts=p.max_attempts,
             handoff_job_id=str(uuid.uuid4()) if reschedule else None,
             grace_ms=min(ms(self.settings.grace), ms(p.ttl_seconds)),
+            nonce=uuid.uuid4().hex[:16],
+            lost_claims=tuple(lost_claims),
         )
 
         def done(reply: ClaimReply) -> Admission:
@@ -524,7 +559,14 @@ class Deduplicator:
                 retry_in=f"{delay:g}s",
                 error=exc,
             )
-            return Admission("store_unavailable", job_id, key, dry_run=dry, retry_after=delay)
+            return Admission(
+                "store_unavailable",
+                job_id,
+                key,
+                dry_run=dry,
+                retry_after=delay,
+                claim_nonce=op.nonce,
+            )
 
         return Step(op, done, failed)
 

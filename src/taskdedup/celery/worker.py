@@ -18,11 +18,18 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from ..core import FULL_DELAY, Admission, Ticket
+from ..core import FULL_DELAY, Admission, Ticket, parse_lost_claims, with_lost_claim
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease
-from .messages import KEY_HEADER, RESEND_OPTION, SCOPE_HEADER, STORE_WAITS_HEADER, load_call
+from .messages import (
+    KEY_HEADER,
+    LOST_CLAIMS_HEADER,
+    RESEND_OPTION,
+    SCOPE_HEADER,
+    STORE_WAITS_HEADER,
+    load_call,
+)
 from .tasks import task_function, task_limits, task_policy
 
 if TYPE_CHECKING:
@@ -103,6 +110,7 @@ class Worker:
         key = header(request, KEY_HEADER)
         queue = (request.delivery_info or {}).get("routing_key")
         waits = int(header(request, STORE_WAITS_HEADER) or 0)
+        lost = parse_lost_claims(header(request, LOST_CLAIMS_HEADER))
         give_up = time.monotonic() + STAY_AT_MOST
         while True:
             admission = self.integ.dedup.claim(
@@ -114,6 +122,7 @@ class Worker:
                 queue=queue,
                 attempt=request.retries or 0,
                 store_waits=waits,
+                lost_claims=lost,
             )
             key = admission.key
             if admission.handoff is not None:
@@ -126,8 +135,11 @@ class Worker:
                 self._not_running(task, admission, "dropped")
             if admission.outcome == "store_unavailable":
                 waits += 1
+                lost = with_lost_claim(lost, admission)
             try:
-                resend(task, args, kwargs, admission.retry_after, store_waits=waits)
+                resend(
+                    task, args, kwargs, admission.retry_after, store_waits=waits, lost_claims=lost
+                )
             except Exception as exc:
                 if time.monotonic() + admission.retry_after > give_up:
                     self._give_up(task, policy, args, kwargs, admission, exc)
@@ -290,7 +302,15 @@ class Worker:
         raise Ignore()
 
 
-def resend(task: Any, args: Any, kwargs: Any, delay: float, *, store_waits: int = 0) -> None:
+def resend(
+    task: Any,
+    args: Any,
+    kwargs: Any,
+    delay: float,
+    *,
+    store_waits: int = 0,
+    lost_claims: list[str] | None = None,
+) -> None:
     """The running delivery again, ``delay`` seconds from now: same id, queue, callbacks,
     chain and headers. It goes out as it is (no dedup, no cap): the worker settled its lock."""
     request = task.request
@@ -300,8 +320,11 @@ def resend(task: Any, args: Any, kwargs: Any, delay: float, *, store_waits: int 
         if value:
             headers[name] = value
     headers.pop(STORE_WAITS_HEADER, None)
+    headers.pop(LOST_CLAIMS_HEADER, None)
     if store_waits:
         headers[STORE_WAITS_HEADER] = store_waits
+    if lost_claims:
+        headers[LOST_CLAIMS_HEADER] = ",".join(lost_claims)
     later = task.signature_from_request(request, args, kwargs, countdown=delay, headers=headers)
     later.apply_async(**RESEND)
 

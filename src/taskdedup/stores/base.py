@@ -156,6 +156,10 @@ class Claim(Op[ClaimReply]):
     max_attempts: int | None = None
     handoff_job_id: str | None = None  # new job id if a reschedule is owed at start
     grace_ms: int = 60_000
+    #: this claim's own random id, kept in the job record: if its reply is lost, the job's
+    #: next delivery names it in ``lost_claims`` and is not taken for a copy of a running job
+    nonce: str = ""
+    lost_claims: tuple[str, ...] = ()  # claims of this job whose replies never arrived
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

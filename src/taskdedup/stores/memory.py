@@ -210,7 +210,8 @@ class MemoryStore(Store):
             attempts = rec["a"] + 1
             if rec["s"] == "r":
                 newer = op.attempt is not None and rec["n"] is not None and op.attempt > rec["n"]
-                if rec["u"] > now and not newer:
+                lost = bool(rec.get("k")) and rec.get("k") in op.lost_claims
+                if rec["u"] > now and not newer and not lost:
                     return ClaimReply("running", rec["f"], rec["a"], rec["o"])
                 if not newer and op.max_attempts and attempts > op.max_attempts:
                     rec["s"] = "d"
@@ -267,6 +268,7 @@ class MemoryStore(Store):
                 "n": op.attempt,
                 "f": fence,
                 "m": op.memory_ms,
+                "k": op.nonce,
             },
             now + op.lease_ms + op.memory_ms,
         )

@@ -146,6 +146,8 @@ class ScriptCalls:
                 op.max_attempts or 0,
                 op.handoff_job_id or "",
                 op.grace_ms,
+                op.nonce,
+                ",".join(op.lost_claims),
             ],
             parse_claim,
         )

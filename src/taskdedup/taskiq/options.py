@@ -52,6 +52,8 @@ RESERVE_LABEL = "reserve"
 SCOPE_LABEL = "taskdedup_scope"
 #: How many times a delivery was sent back because the store could not answer its claim.
 STORE_WAITS_LABEL = "taskdedup_store_waits"
+#: nonces of this job's claims whose replies never arrived (see core.Admission.claim_nonce)
+LOST_CLAIMS_LABEL = "taskdedup_lost_claims"
 #: taskiq's retry middlewares count attempts in this label.
 RETRIES_LABEL = "_retries"
 #: Where ``@deduplicate`` keeps the declaration of a function not yet made a task.

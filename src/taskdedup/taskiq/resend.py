@@ -27,6 +27,7 @@ from ..stores.base import Handoff
 from .options import (
     ATTEMPT_LABEL,
     FENCE_LABEL,
+    LOST_CLAIMS_LABEL,
     RETRIES_LABEL,
     RUN_KWARG,
     SCOPE_LABEL,
@@ -63,7 +64,12 @@ class Resender:
         self._stop = asyncio.Event()  # set when the worker stops: send every copy now
 
     async def later(
-        self, message: TaskiqMessage, delay: float, *, store_waits: int | None = None
+        self,
+        message: TaskiqMessage,
+        delay: float,
+        *,
+        store_waits: int | None = None,
+        lost_claims: list[str] | None = None,
     ) -> None:
         """Send a copy of this delivery (same id) after ``delay``, holding the delivery until
         then (a broker with acknowledgements redelivers it if the worker dies meanwhile); a
@@ -75,6 +81,8 @@ class Resender:
         copy.kwargs.pop(RUN_KWARG, None)
         if store_waits is not None:
             copy.labels[STORE_WAITS_LABEL] = store_waits
+        if lost_claims:
+            copy.labels[LOST_CLAIMS_LABEL] = ",".join(lost_claims)
         later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
         self._later.add(later)
         later.add_done_callback(self._later.discard)

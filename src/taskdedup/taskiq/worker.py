@@ -30,7 +30,7 @@ from taskiq.message import TaskiqMessage
 from taskiq.result import TaskiqResult
 
 from ..background import AsyncHeartbeat
-from ..core import FULL_DELAY, Admission
+from ..core import FULL_DELAY, Admission, parse_lost_claims, with_lost_claim
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease
@@ -38,6 +38,7 @@ from .options import (
     ATTEMPT_LABEL,
     FENCE_LABEL,
     KEY_LABEL,
+    LOST_CLAIMS_LABEL,
     RETRIES_LABEL,
     RUN_KWARG,
     SCOPE_LABEL,
@@ -172,6 +173,7 @@ class Worker:
             queue=queue_of(broker, message),
             attempt=attempt,
             store_waits=int(label(message, STORE_WAITS_LABEL) or 0),
+            lost_claims=parse_lost_claims(label(message, LOST_CLAIMS_LABEL)),
         )
         if admission.handoff is not None:
             await self.resender.hand_off(message, admission.key, admission.handoff)
@@ -352,10 +354,13 @@ class Worker:
             "dropped" if delay is None else f"sent again in {delay:g}s",
         )
         if delay is not None:
-            waits = None
+            waits, lost = None, None
             if admission.outcome == "store_unavailable":
                 waits = int(label(message, STORE_WAITS_LABEL) or 0) + 1
-            await self.resender.later(message, delay, store_waits=waits)
+                lost = with_lost_claim(
+                    parse_lost_claims(label(message, LOST_CLAIMS_LABEL)), admission
+                )
+            await self.resender.later(message, delay, store_waits=waits, lost_claims=lost)
 
     async def close(self) -> None:
         """Stop beating; send the copies waiting to be sent again now, so none is lost."""

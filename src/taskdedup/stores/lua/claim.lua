@@ -3,11 +3,12 @@
 -- KEYS: lock, run, job record, fence
 -- ARGV: job, owner, lease_ms, ttl_ms, lock mode (release|hold|none), run_lock (1/0),
 --       memory_ms, attempt ('' = unknown), max_attempts (0 = none), handoff job ('' = none),
---       grace_ms
+--       grace_ms, nonce (this claim's id), lost claims (comma-separated nonces of this job's
+--       claims whose replies never arrived: a record they wrote is no run of the job)
 local job, owner = ARGV[1], ARGV[2]
 local lease, ttl, memory = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local now = now_ms()
-local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f')
+local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f', 'k')
 local attempts = 1
 if rec[1] then
   if rec[1] == 'd' then  -- a finished job holds nothing: free what a late re-send took
@@ -18,7 +19,9 @@ if rec[1] then
   attempts = tonumber(rec[4]) + 1
   if rec[1] == 'r' then
     local newer = ARGV[8] ~= '' and rec[5] and rec[5] ~= '' and tonumber(ARGV[8]) > tonumber(rec[5])
-    if tonumber(rec[3]) > now and not newer then
+    local lost = rec[7] and rec[7] ~= '' and ARGV[13] and
+      string.find(',' .. ARGV[13] .. ',', ',' .. rec[7] .. ',', 1, true)
+    if tonumber(rec[3]) > now and not newer and not lost then
       return {'running', rec[6], rec[4], rec[2]}
     end
     local most = tonumber(ARGV[9])
@@ -75,6 +78,6 @@ if ARGV[6] == '1' then
   redis.call('PEXPIRE', KEYS[2], lease)
 end
 redis.call('HSET', KEYS[3], 's', 'r', 'o', owner, 'u', int(now + lease), 'a', int(attempts),
-  'n', ARGV[8], 'f', fence, 'm', ARGV[7])
+  'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '')
 redis.call('PEXPIRE', KEYS[3], lease + memory)
 return {'run', fence, int(attempts), owner, handoff, payload}

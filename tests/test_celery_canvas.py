@@ -318,3 +318,48 @@ def test_without_a_result_backend_a_duplicate_step_is_published_as_it_is(
             wait_for(lambda: marks.runs("double", 2) == 2, TIMEOUT, "the second double")
     finally:
         signals.task_postrun.disconnect(postrun)
+
+
+def test_a_follower_that_cannot_read_the_result_backend_looks_again_later(
+    app: Celery, marks: Marks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The result backend fails while the follower polls the holder: the follower looks again
+    later instead of failing the duplicate's chain."""
+    gate = threading.Event()
+
+    @app.task(shared=False)
+    def add_one(x: int) -> int:
+        return x + 1
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def double(x: int) -> int:
+        marks.ran("double", x)
+        assert gate.wait(TIMEOUT)
+        return x * 2
+
+    with threads_worker(app):
+        first = chain(add_one.s(1), double.s()).apply_async()
+        wait_for(lambda: marks.runs("double", 2) == 1, what="the first chain's double to start")
+        real, failures = app.AsyncResult, [0]
+
+        class Unreadable:
+            """The holder's result while the backend is down: every read fails."""
+
+            @property
+            def state(self) -> str:
+                failures[0] += 1
+                raise ConnectionError("the result backend does not answer")
+
+        def async_result(task_id: str, *args: Any, **kwargs: Any) -> Any:
+            if task_id == first.id and not gate.is_set():
+                return Unreadable()
+            return real(task_id, *args, **kwargs)
+
+        monkeypatch.setattr(app, "AsyncResult", async_result)
+        second = chain(add_one.s(1), double.s()).apply_async()
+        wait_for(lambda: failures[0] >= 2, what="the follower to meet the backend down twice")
+        gate.set()  # the backend answers again, and the holder ends
+        assert first.get(timeout=TIMEOUT) == 4
+        assert second.get(timeout=TIMEOUT) == 4
+    assert marks.runs("double", 2) == 1

@@ -199,15 +199,25 @@ class Follower:
         polls: int,
     ) -> Any:
         result = self.integ.app.AsyncResult(holder)
-        state = result.state
+        try:
+            state = result.state
+            outcome = result.result if state in (states.SUCCESS, states.FAILURE) else None
+        except Exception as exc:  # the result backend did not answer: look again later
+            log.warning(
+                "taskdedup: %s[%s] could not read the result of %s (%s): it looks again later",
+                name,
+                self.task.request.id,
+                holder,
+                exc,
+            )
+            state, outcome = states.PENDING, None
         if state == states.SUCCESS:
-            return result.result
+            return outcome
         if state == states.FAILURE:
-            error = result.result
-            if isinstance(error, BaseException):
-                raise error
-            raise RuntimeError(f"the job {holder} this one followed failed: {error!r}")
-        if state != states.REVOKED and self._alive(key, holder):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            raise RuntimeError(f"the job {holder} this one followed failed: {outcome!r}")
+        if self._alive(key, holder, revoked=state == states.REVOKED):
             lost_since = None
         else:
             now = time.time()
@@ -220,10 +230,15 @@ class Follower:
             kwargs={**self.task.request.kwargs, **more}, countdown=countdown, max_retries=None
         )
 
-    def _alive(self, key: str, holder: str) -> bool:
+    def _alive(self, key: str, holder: str, revoked: bool = False) -> bool:
         """Whether the holder may still end with a result: its lock or run lock names it, or
-        its job record says it runs under a live lease (or the store cannot say)."""
+        its job record says it runs under a live lease (or the store cannot say). A holder
+        marked REVOKED is alive only while its record says it runs: a plain revoke does not
+        stop a running job (a discarded copy of it marks the result REVOKED), and it ends
+        with its own result."""
         store = self.integ.dedup.store
+        if revoked:
+            return job_record(store, key, holder) == "running"
         try:
             info = store.run(Inspect(key))
         except StoreUnavailable:

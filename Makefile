@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Only the directories that exist: examples/ and benchmarks/ may not yet.
 LINT_DIRS := $(wildcard src tests examples benchmarks chaos)
 
-.PHONY: venv test lint type demo bench chaos format clean distclean
+.PHONY: venv test lint type demo bench chaos format clean distclean install-check
 
 venv: $(STAMP)
 
@@ -42,6 +42,11 @@ test: venv
 	@status=0; $(BIN)/pytest $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests; failing" >&2; fi; \
 	exit $$status
+
+# Each extra installed from the built wheel in a clean venv (no test extra), then one real
+# deduplicated submission against Redis (about 20 s; CI runs it after `make test`).
+install-check: venv
+	$(BIN)/python .ci/install-check
 
 demo: venv
 	$(BIN)/python examples/quickstart.py

@@ -8,6 +8,7 @@ that turns a call's arguments into the dedup key.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal, get_args
@@ -42,6 +43,10 @@ RUN_LOCKING = frozenset({"while_executing", "until_and_while_executing"})
 Seconds = float | int | timedelta
 
 
+#: The longest duration taken (ten years): a longer one is a mistake (a value in ms, say).
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
+
+
 def seconds(
     value: Seconds | None, *, name: str, allow_none: bool = False, allow_zero: bool = False
 ) -> float | None:
@@ -55,6 +60,11 @@ def seconds(
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{name} must be seconds (a number) or a timedelta, not {value!r}")
+    if not math.isfinite(value) or value > MAX_SECONDS:
+        raise ConfigError(
+            f"{name} must be a finite number of seconds, at most {MAX_SECONDS:g} (ten years), "
+            f"got {value!r}"
+        )
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{name} must be {bound} seconds, got {value!r}")

@@ -65,7 +65,11 @@ class ReservePolicy:
     ttl: Seconds = DEFAULT_TTL
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_concurrent, int) or self.max_concurrent < 1:
+        if (
+            isinstance(self.max_concurrent, bool)
+            or not isinstance(self.max_concurrent, int)
+            or self.max_concurrent < 1
+        ):
             raise ConfigError(f"max_concurrent must be an int >= 1, not {self.max_concurrent!r}")
         if not (callable(self.scope) or (isinstance(self.scope, str) and self.scope)):
             raise ConfigError(f"scope must be an argument name or a callable, not {self.scope!r}")
@@ -214,7 +218,11 @@ class ReservationGuard:
     def _reserve_op(
         self, scope: str, max_concurrent: int, ttl: Seconds, member: str | None
     ) -> Reserve:
-        if not isinstance(max_concurrent, int) or max_concurrent < 1:
+        if (
+            isinstance(max_concurrent, bool)
+            or not isinstance(max_concurrent, int)
+            or max_concurrent < 1
+        ):
             raise ConfigError(f"max_concurrent must be an int >= 1, not {max_concurrent!r}")
         return Reserve(scope, member or "r-" + uuid.uuid4().hex, max_concurrent, _ms(ttl, "ttl"))
 

@@ -76,6 +76,8 @@ class Settings:
                 "idempotency_on_mismatch must be 'raise' or 'return', "
                 f"not {self.idempotency_on_mismatch!r}"
             )
+        for name in ("enabled", "dry_run"):
+            object.__setattr__(self, name, _flag(name, getattr(self, name)))
         for name in _SECONDS:
             object.__setattr__(self, name, seconds(getattr(self, name), name=name))
         wait = seconds(self.idempotency_wait, name="idempotency_wait", allow_zero=True)
@@ -122,17 +124,29 @@ def _split(raw: str) -> Iterable[str]:
     return [part.strip() for part in raw.split(",") if part.strip()]
 
 
-def _parse(name: str, raw: str) -> Any:
-    if name in ("enabled", "dry_run"):
-        lowered = raw.strip().lower()
+def _flag(name: str, value: Any) -> bool:
+    """A yes/no setting: a bool, or the strings an environment or a settings file gives
+    ("true"/"false", "1"/"0", "yes"/"no", "on"/"off"); anything else is an error, not True."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
         if lowered in ("1", "true", "yes", "on"):
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: use true or false")
+    raise ConfigError(f"{name} must be True or False (or 'true'/'false'), not {value!r}")
+
+
+def _parse(name: str, raw: str) -> Any:
+    if name in ("enabled", "dry_run"):
+        try:
+            return _flag(name, raw)
+        except ConfigError:
+            raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: use true or false") from None
     if name == "disabled_tasks":
         return frozenset(_split(raw))
-    if name in _SECONDS:
+    if name in (*_SECONDS, "idempotency_wait"):
         try:
             return float(raw)
         except ValueError:

@@ -49,8 +49,11 @@ def deduplicate(
     A bad option raises ConfigError here, when the task is defined.
     """
     given = dict(locals())
-    check_policy_names({name: value for name, value in given.items() if value is not None})
-    options = given_options(given)
+    try:
+        check_policy_names({name: value for name, value in given.items() if value is not None})
+        options = given_options(given)
+    except ConfigError as exc:  # raised as the task is defined, naming it
+        return _refuse(exc)
 
     def apply(task: T) -> T:
         _declare(task, "deduplicate", FUNCTION_ATTR, options)
@@ -68,11 +71,28 @@ def reserve(
     or a callable of the task's arguments; ``ttl``: seconds a slot lives from reservation
     until the job starts."""
     options = {"max_concurrent": max_concurrent, "scope": scope, "ttl": ttl}
-    ReservePolicy.from_options(options)  # validate now
+    try:
+        ReservePolicy.from_options(options)  # validate now
+    except ConfigError as exc:  # raised as the task is defined, naming it
+        return _refuse(exc)
 
     def apply(task: T) -> T:
         _declare(task, "reserve", RESERVE_ATTR, options)
         return task
+
+    return apply
+
+
+def _refuse(error: ConfigError) -> Callable[[T], T]:
+    """A decorator whose options are wrong: it raises ``error`` with the task's name when it
+    is applied to the task (the line of the definition, and the task the user can look for)."""
+
+    def apply(task: T) -> T:
+        fn = _function_of(task) if not isinstance(task, type) else None
+        name = getattr(task, "name", None) or (
+            f"{fn.__module__}.{fn.__name__}" if fn is not None else repr(task)
+        )
+        raise ConfigError(f"task {name!r}: {error}") from None
 
     return apply
 

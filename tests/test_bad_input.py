@@ -1,0 +1,86 @@
+"""Bad input gets a clear ConfigError naming the option and the value, at definition (issue 12).
+
+Durations that are NaN, infinite, negative, booleans, strings or absurdly long, limits that are
+booleans, and yes/no settings given as strings that only look like booleans used to pass (NaN
+and inf failed later with a bare ValueError/OverflowError; ``max_concurrent=True`` reached Redis
+as a DataError; ``enabled="no"`` switched taskdedup on).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from taskdedup import ConfigError, Policy, ReservePolicy, Settings
+from taskdedup.celery import deduplicate, install, reserve
+
+BAD_SECONDS = [math.nan, math.inf, -math.inf, -1, True, "10", 1e12]
+
+
+@pytest.mark.parametrize("value", BAD_SECONDS, ids=repr)
+@pytest.mark.parametrize("option", ["ttl", "lease"])
+def test_a_bad_duration_is_refused_at_definition_naming_the_option(option: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=option):
+        Policy("until_executed", **{option: value})
+
+
+@pytest.mark.parametrize("value", BAD_SECONDS, ids=repr)
+@pytest.mark.parametrize(
+    "setting", ["default_ttl", "default_lease", "grace", "remember_finished", "idempotency_ttl"]
+)
+def test_a_bad_duration_setting_is_refused_naming_it(setting: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=setting):
+        Settings(**{setting: value})
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1, True, "5"], ids=repr)
+def test_a_bad_idempotency_wait_is_refused(value: Any) -> None:
+    with pytest.raises(ConfigError, match="idempotency_wait"):
+        Settings(idempotency_wait=value)
+
+
+def test_the_idempotency_wait_can_be_set_from_the_environment() -> None:
+    assert Settings.load(environ={"TASKDEDUP_IDEMPOTENCY_WAIT": "2.5"}).idempotency_wait == 2.5
+    with pytest.raises(ConfigError, match="TASKDEDUP_IDEMPOTENCY_WAIT"):
+        Settings.load(environ={"TASKDEDUP_IDEMPOTENCY_WAIT": "soon"})
+
+
+@pytest.mark.parametrize("value", [True, 0, -2, 2.5, "3", math.nan], ids=repr)
+def test_a_bad_max_concurrent_is_refused_before_anything_reaches_the_store(value: Any) -> None:
+    with pytest.raises(ConfigError, match="max_concurrent"):
+        ReservePolicy(max_concurrent=value, scope="tenant")
+
+
+@pytest.mark.parametrize("setting", ["enabled", "dry_run"])
+def test_yes_no_settings_take_booleans_and_their_usual_spellings_only(setting: str) -> None:
+    assert getattr(Settings(**{setting: "false"}), setting) is False
+    assert getattr(Settings(**{setting: "no"}), setting) is False  # was True: a non-empty str
+    assert getattr(Settings(**{setting: "1"}), setting) is True
+    for bad in ("maybe", 2, None, "", [True]):
+        with pytest.raises(ConfigError, match=setting):
+            Settings(**{setting: bad})
+
+
+def test_a_celery_task_with_a_nan_ttl_is_refused_where_it_is_defined_naming_it() -> None:
+    app = Celery("bad-input", set_as_current=False)
+    install(app)
+    with pytest.raises(ConfigError, match=r"task 'bad\.export': ttl must be a finite"):
+
+        @deduplicate("until_executed", ttl=math.nan)
+        @app.task(shared=False, name="bad.export")
+        def export(day: str) -> str:
+            return day
+
+
+def test_a_celery_task_capped_with_max_concurrent_true_is_refused_naming_it() -> None:
+    app = Celery("bad-input-cap", set_as_current=False)
+    install(app)
+    with pytest.raises(ConfigError, match=r"task 'bad\.capped': max_concurrent must be"):
+
+        @reserve(True, scope="tenant")
+        @app.task(shared=False, name="bad.capped")
+        def capped(tenant: str) -> str:
+            return tenant

@@ -1,0 +1,93 @@
+"""The README's reference says the truth: every setting, policy option, reservation option,
+header and label in the code is there with its default, and every one it names exists.
+
+A setting added without a line in the README, a default changed in one place only, or a name
+the README keeps after the code dropped it fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from taskdedup import Policy, ReservePolicy, Settings
+from taskdedup.celery import messages
+from taskdedup.taskiq import options as taskiq_options
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    """The text of the README section ``## title`` (up to the next ``## ``)."""
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start : end if end != -1 else None]
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The rows of the markdown tables in ``text`` whose first cell is a `name`: name -> cells."""
+    rows: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        match = re.match(r"^\| `([a-z_]+)=?` ", line)
+        if match:
+            rows[match.group(1)] = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    return rows
+
+
+def shown(default: Any) -> str:
+    """A default as the README writes it in its default column."""
+    if isinstance(default, frozenset) and not default:
+        return "empty"
+    if isinstance(default, float) and default.is_integer():
+        default = int(default)
+    return f"`{default}`"
+
+
+def test_every_setting_is_in_the_settings_table_with_its_default_and_no_other() -> None:
+    rows = table_rows(section("Settings"))
+    fields = {f.name: f.default for f in dataclasses.fields(Settings)}
+    assert set(rows) == set(fields), "README Settings table vs Settings fields"
+    for name, default in fields.items():
+        assert rows[name][1].startswith(shown(default)), (name, rows[name][1], shown(default))
+        assert rows[name][3] == f"`TASKDEDUP_{name.upper()}`", name
+
+
+def test_every_policy_option_is_in_the_policy_block_with_its_default_and_no_other() -> None:
+    block = section("Policy options")
+    named = dict(re.findall(r"^\s+([a-z_]+)=.*?#\s*(.*)$", block, re.MULTILINE))
+    fields = {f.name for f in dataclasses.fields(Policy)}
+    assert set(named) == fields, "README Policy options vs Policy fields"
+    for name in fields:
+        default = dataclasses.fields(Policy)[
+            [f.name for f in dataclasses.fields(Policy)].index(name)
+        ]
+        assert named[name].startswith("default"), (name, named[name])
+        said = named[name].split(";")[0]
+        assert str(default.default).split(".")[0] in said or name in ("ttl",), (name, said)
+
+
+def test_every_reservation_option_is_in_the_reservation_table() -> None:
+    rows = table_rows(section("Reservation guard"))
+    fields = {f.name for f in dataclasses.fields(ReservePolicy)}
+    assert fields <= set(rows), fields - set(rows)
+
+
+def test_every_header_and_label_is_in_the_reference_and_every_named_one_exists() -> None:
+    headers = {
+        value
+        for name, value in vars(messages).items()
+        if name.endswith(("_HEADER", "_OPTION")) and isinstance(value, str)
+    }
+    labels = {
+        value
+        for name, value in vars(taskiq_options).items()
+        if name.endswith("_LABEL") and isinstance(value, str) and value.startswith("taskdedup_")
+    }
+    rows = table_rows(section("Message headers and labels"))
+    assert headers | labels == set(rows), "README headers/labels table vs the code"
+    celery_settings = {f"taskdedup_{f.name}" for f in dataclasses.fields(Settings)}
+    named = set(re.findall(r"`(taskdedup_[a-z_]+)`", README))
+    unknown = named - set(rows) - celery_settings
+    assert not unknown, f"the README names what the code does not have: {sorted(unknown)}"

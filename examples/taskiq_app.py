@@ -28,7 +28,8 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 PREFIX = f"example-{uuid.uuid4().hex[:8]}"  # this run's keys, removed at the end
 
 broker = (
-    ListQueueBroker(REDIS_URL, queue_name=f"{PREFIX}-q")
+    # socket_timeout=None: redis-py 8's default 5 s would end an idle worker's BRPOP
+    ListQueueBroker(REDIS_URL, queue_name=f"{PREFIX}-q", socket_timeout=None)
     .with_result_backend(RedisAsyncResultBackend(REDIS_URL, prefix_str=PREFIX, result_ex_time=60))
     .with_middlewares(
         DedupMiddleware(key_prefix=PREFIX),  # the store defaults to the broker's Redis

@@ -31,7 +31,9 @@ def test_readme_snippets_run_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     namespace: dict[str, Any] = module.__dict__
     for index, snippet in enumerate(SNIPPETS):
         code = snippet.replace('broker="redis://127.0.0.1:6379/0"', 'broker="memory://"')
-        code = code.replace('ListQueueBroker("redis://127.0.0.1:6379/0")', "InMemoryBroker()")
+        code = code.replace(
+            'ListQueueBroker("redis://127.0.0.1:6379/0", socket_timeout=None)', "InMemoryBroker()"
+        )
         code = code.replace(
             "from taskiq_redis import ListQueueBroker", "from taskiq import InMemoryBroker"
         )

@@ -84,3 +84,44 @@ def test_a_celery_task_capped_with_max_concurrent_true_is_refused_naming_it() ->
         @app.task(shared=False, name="bad.capped")
         def capped(tenant: str) -> str:
             return tenant
+
+
+def test_a_reschedule_once_call_over_the_payload_limit_is_refused_and_writes_nothing() -> None:
+    from taskdedup import Deduplicator, MemoryStore, PayloadTooLarge, TaskPolicy
+
+    store = MemoryStore()
+    dedup = Deduplicator(store, Settings(reschedule_payload_limit=100))
+    tp = TaskPolicy("ci.render", None, Policy("until_executing", on_conflict="reschedule_once"))
+    with pytest.raises(PayloadTooLarge, match=r"'ci\.render'.*200 bytes.*100"):
+        dedup.enqueue(tp, ("x",), payload="x" * 200)
+    assert store._records == {}  # nothing written
+    assert dedup.enqueue(tp, ("x",), payload="x" * 50).acquired  # under the limit: as before
+    unlimited = Deduplicator(MemoryStore(), Settings(reschedule_payload_limit=0))
+    assert unlimited.enqueue(tp, ("y",), payload="y" * 10_000).acquired
+
+
+def test_a_celery_reschedule_once_call_over_the_limit_publishes_nothing(
+    redis_url: str, key_prefix: str
+) -> None:
+    import redis
+
+    from taskdedup import PayloadTooLarge
+    from test_celery import make_app
+
+    app = make_app(redis_url, key_prefix, taskdedup_reschedule_payload_limit=1024)
+    install(app)
+
+    @deduplicate("until_executing", on_conflict="reschedule_once", keys=["doc"])
+    @app.task(shared=False)
+    def render(doc: str, body: str) -> str:
+        return doc
+
+    with pytest.raises(PayloadTooLarge, match="render"):
+        render.delay("d1", "x" * 5000)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.llen(f"{key_prefix}:kombu:{key_prefix}-q") == 0
+        assert not list(client.scan_iter(match=f"{key_prefix}*lock*"))
+    finally:
+        client.close()
+    assert not render.delay("d1", "small").deduplicated

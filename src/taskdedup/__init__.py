@@ -14,6 +14,7 @@ from .errors import (
     IdempotencyKeyMismatch,
     InvalidIdempotencyKey,
     KeyEncodingError,
+    PayloadTooLarge,
     QuotaExceeded,
     StoreUnavailable,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "InvalidIdempotencyKey",
     "KeyEncodingError",
     "MemoryStore",
+    "PayloadTooLarge",
     "Policy",
     "QuotaExceeded",
     "Recall",

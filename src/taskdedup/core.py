@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
 from .background import Confirmer, Releaser
-from .errors import DuplicateJob, StoreUnavailable
+from .errors import DuplicateJob, PayloadTooLarge, StoreUnavailable
 from .policy import ENQUEUE_LOCKING, HOLD_WHILE_RUNNING, RUN_LOCKING, TaskPolicy
 from .settings import Settings
 from .stores.base import (
@@ -333,13 +333,18 @@ class Deduplicator:
             ttl = min(ttl, ms(max(expires_in, 0.0) + self.settings.grace))
         grace = min(ms(self.settings.grace), ttl)
         dry = self.settings.dry_run
+        if p.on_conflict != "reschedule_once":
+            payload = None
+        limit = self.settings.reschedule_payload_limit
+        if payload is not None and limit and len(payload.encode()) > limit:
+            raise PayloadTooLarge(task, len(payload.encode()), limit)
         op = Acquire(
             key,
             job_id,
             ttl,
             grace,
             record_duplicate=not dry,
-            payload=payload if p.on_conflict == "reschedule_once" else None,
+            payload=payload,
         )
 
         def done(reply: AcquireReply) -> Ticket:

@@ -85,5 +85,22 @@ class InvalidIdempotencyKey(DedupError, ValueError):
         )
 
 
+class PayloadTooLarge(DedupError, ValueError):
+    """A reschedule_once call's arguments are larger than ``reschedule_payload_limit``.
+
+    The arguments of the latest duplicate are stored with the lock, so that the one more run
+    owed after the current one uses them; an unbounded payload would be written again for
+    every duplicate. Nothing was written and nothing published."""
+
+    def __init__(self, task: str, size: int, limit: int) -> None:
+        self.task, self.size, self.limit = task, size, limit
+        super().__init__(
+            f"task {task!r}: its arguments take {size} bytes, more than "
+            f"reschedule_payload_limit ({limit} bytes), which reschedule_once stores with the "
+            "lock; pass a reference (an id, a URL) instead of the data, or raise the setting "
+            "(0: no limit)"
+        )
+
+
 class StoreUnavailable(DedupError, ConnectionError):
     """The lock store could not be reached or did not answer."""

@@ -40,6 +40,9 @@ class Settings:
     idempotency_wait: seconds a submission waits for another submission of its key that is
         still being published (it may fail and free the key) before IdempotencyKeyInProgress;
         0 never waits. The sync API blocks its thread while it waits.
+    reschedule_payload_limit: bytes of arguments a reschedule_once call may store with the
+        lock (the latest duplicate's, for the run owed after the current one); a larger call
+        raises PayloadTooLarge before anything is written; 0: no limit.
     """
 
     url: str | None = None
@@ -56,6 +59,7 @@ class Settings:
     idempotency_ttl: float = 86400.0
     idempotency_on_mismatch: OnMismatch = "raise"
     idempotency_wait: float = 5.0
+    reschedule_payload_limit: int = 65536
 
     def __post_init__(self) -> None:
         if isinstance(self.disabled_tasks, str):
@@ -80,6 +84,12 @@ class Settings:
             object.__setattr__(self, name, _flag(name, getattr(self, name)))
         for name in _SECONDS:
             object.__setattr__(self, name, seconds(getattr(self, name), name=name))
+        limit = self.reschedule_payload_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(
+                f"reschedule_payload_limit must be a number of bytes >= 0 (0: no limit), "
+                f"not {limit!r}"
+            )
         wait = seconds(self.idempotency_wait, name="idempotency_wait", allow_zero=True)
         object.__setattr__(self, "idempotency_wait", wait)  # 0: a repeat never waits
         if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
@@ -146,6 +156,13 @@ def _parse(name: str, raw: str) -> Any:
             raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: use true or false") from None
     if name == "disabled_tasks":
         return frozenset(_split(raw))
+    if name == "reschedule_payload_limit":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"{ENV_PREFIX}{name.upper()}={raw!r}: use a number of bytes"
+            ) from None
     if name in (*_SECONDS, "idempotency_wait"):
         try:
             return float(raw)

@@ -8,6 +8,7 @@ from .background import AsyncHeartbeat, Heartbeat
 from .core import Admission, Completion, Deduplicator, Ticket
 from .errors import (
     ConfigError,
+    CorruptRecord,
     DedupError,
     DuplicateJob,
     IdempotencyKeyInProgress,
@@ -32,6 +33,7 @@ __all__ = [
     "AsyncHeartbeat",
     "Completion",
     "ConfigError",
+    "CorruptRecord",
     "DedupError",
     "Deduplicator",
     "DuplicateJob",

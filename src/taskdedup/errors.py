@@ -85,6 +85,20 @@ class InvalidIdempotencyKey(DedupError, ValueError):
         )
 
 
+class CorruptRecord(DedupError):
+    """A record under taskdedup's key prefix is not one taskdedup wrote (another type, a
+    garbled counter): another program shares the prefix, or a hand edit went wrong."""
+
+    def __init__(self, keys: list[str], reply: str) -> None:
+        self.keys = keys
+        reply = reply.split(" script:")[0]
+        super().__init__(
+            f"a record under taskdedup's prefix is not one it wrote ({reply}); "
+            f"it is one of {', '.join(keys)}: delete it (taskdedup writes it again) or give "
+            "taskdedup a key_prefix of its own"
+        )
+
+
 class PayloadTooLarge(DedupError, ValueError):
     """A reschedule_once call's arguments are larger than ``reschedule_payload_limit``.
 

@@ -24,7 +24,7 @@ import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
 
-from ..errors import ConfigError, StoreUnavailable
+from ..errors import ConfigError, CorruptRecord, StoreUnavailable
 from ..suggest import did_you_mean
 from .base import (
     Acquire,
@@ -64,15 +64,22 @@ _UNAVAILABLE = (
 _UNAVAILABLE_REPLIES = ("MISCONF", "BUSY ", "NOREPLICAS", "LOADING")
 
 
+#: Error replies that mean a record under our prefix is not what we wrote.
+_CORRUPT_REPLIES = ("WRONGTYPE", "ERR value is not an integer")
+
+
 @contextlib.contextmanager
-def _answering() -> Iterator[None]:
+def _answering(keys: list[str] | None = None) -> Iterator[None]:
     """Raise StoreUnavailable for a Redis that cannot answer now (G5, G13): an accepted job is
-    then sent back and claimed again later, never failed (G14); a bug raises as it is."""
+    then sent back and claimed again later, never failed (G14); CorruptRecord, naming the keys,
+    for a record that is not ours; a bug raises as it is."""
     try:
         yield
     except _UNAVAILABLE as exc:
         raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
     except redis.exceptions.ResponseError as exc:
+        if str(exc).startswith(_CORRUPT_REPLIES):
+            raise CorruptRecord(list(keys or []), str(exc)) from exc
         if not str(exc).startswith(_UNAVAILABLE_REPLIES):
             raise
         raise StoreUnavailable(f"Redis cannot answer now: {exc}") from exc
@@ -359,23 +366,25 @@ class RedisStore(Store):
     # -- the protocol
 
     def run(self, op: Op[R]) -> R:
-        with _answering():
-            builder = self.calls.single.get(type(op))
-            if builder is not None:
-                call = builder(op)
+        builder = self.calls.single.get(type(op))
+        if builder is not None:
+            call = builder(op)
+            with _answering(call.keys):
                 raw = self._eval(call.script, call.keys, call.args)
-                return cast(R, call.parse(raw))
+            return cast(R, call.parse(raw))
+        with _answering():
             return cast(R, self._run_special(op))
 
     async def arun(self, op: Op[R]) -> R:
         if self.async_client is None:
             return await asyncio.to_thread(self.run, op)
-        with _answering():
-            builder = self.calls.single.get(type(op))
-            if builder is not None:
-                call = builder(op)
+        builder = self.calls.single.get(type(op))
+        if builder is not None:
+            call = builder(op)
+            with _answering(call.keys):
                 raw = await self._aeval(call.script, call.keys, call.args)
-                return cast(R, call.parse(raw))
+            return cast(R, call.parse(raw))
+        with _answering():
             return cast(R, await self._arun_special(op))
 
     # -- a broker on this same server: lock and message in one step
@@ -394,7 +403,7 @@ class RedisStore(Store):
         in the same script: one round trip, and no window where one exists without the other
         (so the lock needs no confirmation, G11). ``queue`` must live on this server."""
         call = self.calls.acquire(op)
-        with _answering():
+        with _answering(call.keys):
             raw = self._eval("acquire", [*call.keys, queue], [*call.args, message])
         return parse_acquire(raw)
 

@@ -32,6 +32,9 @@ if lock[1] == ARGV[1] then
   return '1 ' .. lock[2] .. ' ' .. lock[3] .. ' ' .. lock[1]
 end
 if lock[1] then
+  -- a lock without a ttl (not one we wrote: every lock we write expires, G9) would hold its
+  -- key for good: it gets this call's ttl
+  if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
   local dups = lock[3]
   if ARGV[4] == '1' then
     dups = redis.call('HINCRBY', KEYS[1], 'd', 1)

@@ -1,0 +1,55 @@
+"""Records under the prefix that taskdedup did not write: a clear error naming the key, and no
+key that blocks forever (issue 12). Real Redis: these are Redis' own error replies."""
+
+from __future__ import annotations
+
+import redis
+
+from taskdedup import CorruptRecord, Deduplicator, Policy, RedisStore, TaskPolicy
+from taskdedup.stores.base import Inspect
+
+POLICY = TaskPolicy("ci.build", None, Policy("until_executed"))
+
+
+def test_a_record_of_another_type_is_a_corrupt_record_error_naming_the_key(
+    redis_url: str, key_prefix: str
+) -> None:
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    dedup = Deduplicator(store)
+    key = POLICY.key_for(("abc",))
+    (lock_name,) = [n for n in store.calls.names(key, "lock")]
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set(lock_name, "not a hash", ex=60)  # something else wrote under our prefix
+        try:
+            dedup.enqueue(POLICY, ("abc",))
+        except CorruptRecord as exc:
+            assert lock_name in str(exc) and "WRONGTYPE" in str(exc)
+            assert "delete it" in str(exc)
+        else:
+            raise AssertionError("no CorruptRecord for a string where a lock hash should be")
+    finally:
+        client.close()
+        dedup.close()
+
+
+def test_a_lock_without_a_ttl_gets_one_at_the_next_submission(
+    redis_url: str, key_prefix: str
+) -> None:
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    dedup = Deduplicator(store)
+    key = POLICY.key_for(("def",))
+    (lock_name,) = [n for n in store.calls.names(key, "lock")]
+    client = redis.Redis.from_url(redis_url)
+    try:
+        first = dedup.enqueue(POLICY, ("def",))
+        dedup.published(first)
+        client.persist(lock_name)  # a hand edit, a restore without ttls: it would hold for good
+        assert client.pttl(lock_name) == -1
+        again = dedup.enqueue(POLICY, ("def",))
+        assert again.deduplicated and again.job_id == first.job_id
+        assert 0 < client.pttl(lock_name) <= POLICY.policy.ttl_seconds * 1000
+        assert store.run(Inspect(key)) is not None
+    finally:
+        client.close()
+        dedup.close()

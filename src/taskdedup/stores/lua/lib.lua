@@ -15,9 +15,11 @@ end
 -- so tokens keep increasing even after the counter itself has expired.
 local function next_fence(fence_key, ttl_ms)
   local fence
-  if redis.call('EXISTS', fence_key) == 1 then
+  local kind = redis.call('TYPE', fence_key)['ok']
+  if kind == 'string' and tonumber(redis.call('GET', fence_key)) then
     fence = redis.call('INCR', fence_key)
-  else
+  else  -- none yet, or garbled (not ours): seeded again from the clock, so it still rises
+    if kind ~= 'none' then redis.call('DEL', fence_key) end
     local t = redis.call('TIME')
     local seed = t[1] .. string.format('%06d', tonumber(t[2]))
     redis.call('SET', fence_key, seed)

@@ -125,3 +125,74 @@ def test_a_celery_reschedule_once_call_over_the_limit_publishes_nothing(
     finally:
         client.close()
     assert not render.delay("d1", "small").deduplicated
+
+
+@pytest.mark.parametrize("layout", ["store apart", "fused with the broker"])
+def test_arguments_the_serializer_cannot_encode_fail_the_call_and_leave_no_key(
+    redis_url: str, key_prefix: str, layout: str
+) -> None:
+    import redis
+    from kombu.exceptions import EncodeError
+
+    from taskdedup import RedisStore
+    from test_celery import make_app
+
+    app = make_app(redis_url, key_prefix)
+    # the same server under another spelling: not fused, the lock is taken before the publish
+    url = redis_url if layout != "store apart" else redis_url.replace("127.0.0.1", "localhost")
+    install(app, store=RedisStore.from_url(url, key_prefix=key_prefix))
+
+    @deduplicate("until_executed", keys=["day"])
+    @app.task(shared=False)
+    def export(day: str, options: Any = None) -> str:
+        return day
+
+    with pytest.raises(EncodeError):
+        export.delay("mon", object())  # the key is fine; JSON cannot encode the message
+    client = redis.Redis.from_url(redis_url)
+    try:
+        left = [k for k in client.scan_iter(match=f"{key_prefix}*") if b":kombu:" not in k]
+        assert left == [], f"keys left behind by a call that was never published: {left}"
+    finally:
+        client.close()
+    assert not export.delay("mon").deduplicated
+
+
+def test_a_taskiq_call_the_formatter_cannot_serialize_fails_and_leaves_no_key(
+    redis_url: str, key_prefix: str
+) -> None:
+    import asyncio
+
+    import redis
+    from taskiq_redis import ListQueueBroker
+
+    from taskdedup.taskiq import DedupMiddleware
+
+    # a store apart from the broker (another spelling of the server): the lock is taken in
+    # pre_send, before the formatter serializes the message
+    store_url = redis_url.replace("127.0.0.1", "localhost")
+    broker = ListQueueBroker(redis_url, queue_name=f"{key_prefix}-q").with_middlewares(
+        DedupMiddleware(store_url, key_prefix=key_prefix)
+    )
+
+    @broker.task(deduplicate={"strategy": "until_executed", "keys": ["day"]})
+    async def export(day: str, options: Any = None) -> str:
+        return day
+
+    client = redis.Redis.from_url(redis_url)
+
+    async def main() -> bool:
+        await broker.startup()
+        try:
+            with pytest.raises(Exception, match="Cannot send task"):  # taskiq's SendTaskError
+                await export.kiq("mon", object())
+            left = list(client.scan_iter(match=f"{key_prefix}*"))
+            assert left == [], f"keys left behind by a call that was never sent: {left}"
+            return bool((await export.kiq("mon")).deduplicated)
+        finally:
+            await broker.shutdown()
+
+    try:
+        assert asyncio.run(main()) is False  # the key was free again
+    finally:
+        client.close()

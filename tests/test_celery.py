@@ -14,7 +14,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from harness import race, wait_for
-from taskdedup import DuplicateJob, KeyEncodingError
+from taskdedup import CorruptRecord, DuplicateJob, KeyEncodingError
 from taskdedup.celery import deduplicate, install
 from taskdedup.celery.tasks import task_policy
 from taskdedup.stores.base import Inspect
@@ -392,7 +392,7 @@ def test_on_the_brokers_redis_lock_and_message_go_out_together(
     queue_key = f"{key_prefix}:kombu:{key_prefix}-q"
     redis_client.set(queue_key, "not a list")  # the push inside the script fails...
     step = integ.dedup.plan_enqueue(task_policy(notify, integ.settings), (1,))
-    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+    with pytest.raises(CorruptRecord, match=f"WRONGTYPE.*{queue_key}"):
         store.acquire_and_push(step.op, queue_key, "{}")  # type: ignore[union-attr]
     assert store.run(Inspect(key)) is None  # ...and leaves no lock behind
     redis_client.delete(queue_key)

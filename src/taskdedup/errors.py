@@ -93,9 +93,9 @@ class CorruptRecord(DedupError):
         self.keys = keys
         reply = reply.split(" script:")[0]
         super().__init__(
-            f"a record under taskdedup's prefix is not one it wrote ({reply}); "
-            f"it is one of {', '.join(keys)}: delete it (taskdedup writes it again) or give "
-            "taskdedup a key_prefix of its own"
+            f"a Redis key is not what taskdedup expects there ({reply}); it is one of "
+            f"{', '.join(keys)}: delete it (taskdedup writes its own again) or give taskdedup "
+            "a key_prefix of its own"
         )
 
 

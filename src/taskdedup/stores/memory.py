@@ -377,7 +377,12 @@ class MemoryStore(Store):
                 return False
             self._delete(name)
             return True
-        return self._release_locks(op.key, op.job_id, now)
+        lock = self._get(self._name(op.key, "lock"), now)
+        unconfirmed = lock is not None and lock["j"] == op.job_id and not lock["c"]
+        released = self._release_locks(op.key, op.job_id, now)
+        if unconfirmed:  # its token was never used: a failed publish leaves nothing behind
+            self._delete(self._name(op.key, "fence"))
+        return released
 
     def _confirm(self, op: Confirm, now: int) -> int:
         confirmed = 0

@@ -403,7 +403,7 @@ class RedisStore(Store):
         in the same script: one round trip, and no window where one exists without the other
         (so the lock needs no confirmation, G11). ``queue`` must live on this server."""
         call = self.calls.acquire(op)
-        with _answering(call.keys):
+        with _answering([*call.keys, queue]):
             raw = self._eval("acquire", [*call.keys, queue], [*call.args, message])
         return parse_acquire(raw)
 

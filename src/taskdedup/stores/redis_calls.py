@@ -179,7 +179,7 @@ class ScriptCalls:
     def release(self, op: Release) -> ScriptCall:
         return ScriptCall(
             "release",
-            self.names(op.key, "lock", "run"),
+            self.names(op.key, "lock", "run", "fence"),
             [op.job_id, "1" if op.queued_only else "0"],
             lambda r: int(r) > 0,
         )

@@ -152,6 +152,19 @@ class Producer:
         if broker.decorator_class is AsyncTaskiqDecoratedTask:
             broker.decorator_class = DedupTask
 
+    async def give_back_unsent(self) -> None:
+        """A ``kiq()`` failed before its kick (the formatter could not serialize the message,
+        say): give back the lock, idempotency key and slot its ``pre_send`` took (G5), so
+        nothing is left behind."""
+        table = _DECISIONS.get()
+        if not table:
+            return
+        for decision in {id(d): d for d in table.values()}.values():
+            if not decision.kicked and not decision.deduplicated:
+                decision.kicked = True
+                _forget(decision)
+                await give_back(self, decision)
+
     # ------------------------------------------------------------------ pre_send
 
     async def pre_send(self, message: TaskiqMessage) -> TaskiqMessage:
@@ -427,7 +440,13 @@ class DedupKicker(AsyncKicker[P, R]):
             early = await producer.ask_first(self, args, kwargs)
             if early is not None:
                 return early
-        return mark(await super().kiq(*args, **kwargs))
+        try:
+            handle = await super().kiq(*args, **kwargs)
+        except BaseException:  # e.g. the formatter could not serialize the arguments
+            if producer is not None:
+                await producer.give_back_unsent()
+            raise
+        return mark(handle)
 
 
 class DedupTask(AsyncTaskiqDecoratedTask[P, R]):

@@ -77,3 +77,25 @@ def test_a_garbled_fence_counter_is_seeded_again_and_tokens_still_rise(
     finally:
         client.close()
         dedup.close()
+
+
+def test_an_idempotency_record_without_a_ttl_gets_one_at_the_next_use(
+    redis_url: str, key_prefix: str
+) -> None:
+    from taskdedup import IdempotencyKeys
+
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    dedup = Deduplicator(store)
+    keys = IdempotencyKeys(dedup)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        first = keys.recall("ci-42", "ci.build", "fp", "job-1", ttl=600)
+        keys.published(first)
+        (name,) = [n for n in client.scan_iter(match=f"{key_prefix}*") if b"job" not in n]
+        client.persist(name)
+        again = keys.recall("ci-42", "ci.build", "fp", "job-2", ttl=600)
+        assert again.hit and again.job_id == "job-1"
+        assert 0 < client.pttl(name) <= 600_000
+    finally:
+        client.close()
+        dedup.close()

@@ -5,6 +5,8 @@
 -- job's whose publish is not confirmed yet (it may still fail and free the key).
 local rec = redis.call('HMGET', KEYS[1], 'j', 'p', 'c')
 if rec[1] and rec[1] ~= ARGV[5] then
+  -- a record without a ttl (not one we wrote, G9) would answer for good: it gets this ttl
+  if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
   local state = '0'
   if rec[3] == '0' then state = 'p' end
   return state .. ' ' .. rec[2] .. ' ' .. rec[1]

@@ -13,6 +13,7 @@ from taskdedup.idempotency import record_key
 from taskdedup.stores.base import (
     Acquire,
     Claim,
+    ClaimReply,
     Confirm,
     Consume,
     Finish,
@@ -377,8 +378,31 @@ def test_a_claim_whose_reply_was_lost_is_not_taken_for_a_run_of_its_job(h: Harne
     assert h.store.run(claim(k, "J", nonce="n1")).outcome == "run"  # its reply was lost
     assert h.store.run(claim(k, "J", nonce="n2")).outcome == "running"  # a real copy: waits
     again = h.store.run(claim(k, "J", nonce="n3", lost_claims=("n0", "n1")))
-    assert again.outcome == "run" and again.attempts == 2
+    assert again.outcome == "run" and again.attempts == 1  # the lost claim ran nothing
     assert h.store.run(claim(k, "J", nonce="n4", lost_claims=("n1",))).outcome == "running"
+
+
+def test_lost_claims_are_no_attempts_of_their_job(h: Harness) -> None:
+    """A store that stalls under a job's claims runs each one and answers none of them: none
+    of those claims started a run, so none counts toward max_attempts, and the delivery that
+    finally hears its answer runs instead of being dropped as exhausted (G14). A run that did
+    start (its lease lapsed: its worker died) still counts."""
+    k = new_key()
+    h.store.run(acquire(k, "J"))
+    lost: list[str] = []
+    for n in range(4):
+        got = h.store.run(claim(k, "J", nonce=f"n{n}", lost_claims=tuple(lost), max_attempts=1))
+        assert (got.outcome, got.attempts) == ("run", 1), n
+        lost.append(f"n{n}")
+    died = new_key()
+    h.store.run(acquire(died, "D"))
+    h.store.run(claim(died, "D", lease_ms=300, nonce="d1", max_attempts=1))
+
+    def taken_over() -> ClaimReply | None:
+        got = h.store.run(claim(died, "D", nonce="d2", max_attempts=1))
+        return got if got.outcome != "running" else None
+
+    assert h.after(0.3, taken_over).outcome == "exhausted"
 
 
 def test_fencing_tokens_strictly_increase_over_1000_acquisitions(h: Harness) -> None:

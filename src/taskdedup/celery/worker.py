@@ -105,7 +105,8 @@ class Worker:
         """Claim the job, or raise Ignore when this delivery must not run now: it is dropped
         (a copy of a finished job) or sent again later (busy, its holder running, the store
         down). A delivery the broker will not take back waits here and asks again, so it is
-        never lost (G14); after STAY_AT_MOST seconds it fails visibly, its lock freed first."""
+        never lost (G14); after STAY_AT_MOST seconds (read at each call) it gives up:
+        see :meth:`_give_up`."""
         request = task.request
         key = header(request, KEY_HEADER)
         queue = (request.delivery_info or {}).get("routing_key")
@@ -171,19 +172,23 @@ class Worker:
         """The broker would not take this delivery back for STAY_AT_MOST seconds. If the store
         never answered, the job fails visibly, its lock freed first (G5). If another run holds
         the key (busy) or this very job runs elsewhere (a copy of it), nothing here is ours to
-        free: an acks_late delivery goes back to the broker (Reject with requeue), any other
-        fails visibly, the other run's key untouched."""
+        free, the other run's key untouched: an acks_late delivery goes back to the broker
+        (Reject with requeue). A copy of a running job acknowledged already is rejected too:
+        the job runs (it renewed its lease all the while), and a failure would be written
+        under its id while it runs. A busy job acknowledged already fails visibly."""
         if admission.outcome == "store_unavailable":
             self._free_lock(task, policy, args, kwargs)
             raise exc
-        if getattr(task, "acks_late", False):
+        acks_late = bool(getattr(task, "acks_late", False))
+        if acks_late or admission.outcome == "running":
             log.warning(
                 "taskdedup: could not send %s[%s] back to the broker for %gs (%s): it is "
-                "rejected with requeue; the run holding its key is left alone",
+                "rejected, %s; the run holding its key is left alone",
                 task.name,
                 task.request.id,
                 STAY_AT_MOST,
                 admission.outcome,
+                "requeued" if acks_late else "acknowledged already (the job runs elsewhere)",
             )
             raise Reject(exc, requeue=True) from exc
         raise exc

@@ -211,6 +211,8 @@ class MemoryStore(Store):
             if rec["s"] == "r":
                 newer = op.attempt is not None and rec["n"] is not None and op.attempt > rec["n"]
                 lost = bool(rec.get("k")) and rec.get("k") in op.lost_claims
+                if lost:  # that claim's run never started: it was no attempt
+                    attempts -= 1
                 if rec["u"] > now and not newer and not lost:
                     return ClaimReply("running", rec["f"], rec["a"], rec["o"])
                 if not newer and op.max_attempts and attempts > op.max_attempts:

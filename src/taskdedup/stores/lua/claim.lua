@@ -21,6 +21,7 @@ if rec[1] then
     local newer = ARGV[8] ~= '' and rec[5] and rec[5] ~= '' and tonumber(ARGV[8]) > tonumber(rec[5])
     local lost = rec[7] and rec[7] ~= '' and ARGV[13] and
       string.find(',' .. ARGV[13] .. ',', ',' .. rec[7] .. ',', 1, true)
+    if lost then attempts = attempts - 1 end  -- that claim's run never started: no attempt
     if tonumber(rec[3]) > now and not newer and not lost then
       return {'running', rec[6], rec[4], rec[2]}
     end

@@ -33,22 +33,9 @@ from taskdedup.celery.tasks import task_policy
 from taskdedup.stores.base import Inspect
 from taskdedup.taskiq import DedupMiddleware
 from taskdedup.taskiq import deduplicate as taskiq_deduplicate
+from test_celery import make_app
 
 SRC = Path(taskdedup.__file__).resolve().parent.parent
-
-
-def make_app(redis_url: str, prefix: str, **conf: Any) -> Celery:
-    app = Celery(prefix, broker=redis_url, backend=redis_url, set_as_current=False)
-    app.conf.update(
-        broker_transport_options={"global_keyprefix": f"{prefix}:kombu:"},
-        result_backend_transport_options={"global_keyprefix": f"{prefix}:result:"},
-        task_default_queue=f"{prefix}-q",
-        worker_hijack_root_logger=False,
-        broker_connection_retry_on_startup=True,
-        taskdedup_key_prefix=prefix,
-        **conf,
-    )
-    return app
 
 
 def memory_app(**conf: Any) -> Celery:

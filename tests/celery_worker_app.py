@@ -99,6 +99,33 @@ def fenced_job(self: object, name: str, seconds: float) -> str:
     return request.id  # type: ignore[no-any-return]
 
 
+class Flaky(Exception):
+    """A retryable failure (autoretry_for)."""
+
+
+@deduplicate("until_executed", lease=1, keys=["name"])
+@app.task(
+    name="sub.retried_late_job",
+    acks_late=True,
+    bind=True,
+    shared=False,
+    autoretry_for=(Flaky,),
+    retry_kwargs={"countdown": 3, "max_retries": 1},
+)
+def retried_late_job(self: object, name: str, seconds: float) -> str:
+    """Attempt 0 takes ``seconds`` and fails (retried in 3 s); attempt 1 succeeds at once.
+    Each run records its start and end with its attempt."""
+    request = self.request  # type: ignore[attr-defined]
+    attempt = request.retries or 0
+    record_run(name, f"{request.id}/{attempt}", getattr(request, "taskdedup_fence", None), "start")
+    if attempt == 0:
+        time.sleep(seconds)
+    record_run(name, f"{request.id}/{attempt}", None, "end")
+    if attempt == 0:
+        raise Flaky(name)
+    return name
+
+
 # ---------------------------------------------------------------- tests/test_celery_revoke.py
 # Long jobs that are terminated while they run. The lease is long (60 s), so only the revoke
 # handling can free their key or slot within seconds.

@@ -125,6 +125,27 @@ def test_acks_late_redelivery_runs_the_body_once(
     assert int(worker.mark("runs:once") or 0) == 1
 
 
+def test_a_redelivered_copy_of_an_attempt_that_was_retried_does_not_run_beside_the_retry(
+    worker_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    """Found by the soak. Attempt 0 runs longer than the visibility timeout, so the broker
+    hands its message out again; the copy is sent back (its job runs). Attempt 0 then fails
+    and is retried in 3 s. The copy, back meanwhile, used to run attempt 0 a second time,
+    beside the retry. Each attempt must run once, never two at once."""
+    worker = start(TD_VISIBILITY_TIMEOUT="1")
+    job = worker_env.retried_late_job.delay("twice", 4)
+    assert job.get(timeout=90) == "twice"
+    assert "not running sub.retried_late_job" in worker.log_path.read_text(), "no redelivery"
+    log = [
+        line.decode().split()
+        for line in worker.client.lrange(f"{worker.prefix}:mark:log:twice", 0, -1)
+    ]
+    starts = [entry[1] for entry in log if entry[0] == "start"]
+    assert starts == [f"{job.id}/0", f"{job.id}/1"], log
+    events = [entry[0] for entry in log]
+    assert events == ["start", "end", "start", "end"], log  # never two at once
+
+
 def test_acks_late_copy_takes_over_after_the_lease_when_the_holder_died(
     worker_env: Any, start: Callable[..., WorkerProcess]
 ) -> None:

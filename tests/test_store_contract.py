@@ -246,6 +246,23 @@ def test_a_retry_that_starts_before_the_first_attempts_hooks_keeps_its_lock(h: H
     assert h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1)).released
 
 
+def test_a_copy_of_an_attempt_that_asked_for_a_retry_waits_for_that_retry(h: Harness) -> None:
+    """The broker delivered attempt 0 again (a visibility timeout shorter than the run) while
+    it ran; attempt 0 then failed and its retry was published. The copy must not run now: the
+    retry is the job's next run, and the two would run at once (found by the soak)."""
+    for mode in ("hold", "release", "none"):
+        k = new_key()
+        h.store.run(acquire(k, "A"))
+        assert h.store.run(claim(k, "A", mode, attempt=0)).outcome == "run"
+        assert h.store.run(claim(k, "A", mode, attempt=0, owner="w2")).outcome == "running"
+        h.store.run(Retry(k, "A", HOUR, attempt=0))
+        assert h.store.run(claim(k, "A", mode, attempt=0, owner="w2")).outcome == "running"
+        assert h.store.run(claim(k, "A", mode, attempt=1, owner="w3")).outcome == "run"
+        assert h.store.run(claim(k, "A", mode, attempt=0, owner="w2")).outcome == "running"
+        h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1))
+        assert h.store.run(claim(k, "A", mode, attempt=0, owner="w2")).outcome == "done"
+
+
 def test_reschedule_once_hands_the_lock_to_one_new_job_with_the_latest_payload(h: Harness) -> None:
     k = new_key()
     h.store.run(acquire(k, "A"))

@@ -17,6 +17,13 @@ if rec[1] then
     return {'done', rec[6], rec[4], rec[2]}
   end
   attempts = tonumber(rec[4]) + 1
+  if rec[1] == 'q' and ARGV[8] ~= '' and rec[5] and rec[5] ~= '' and
+      tonumber(ARGV[8]) <= tonumber(rec[5]) then
+    -- a copy of an attempt that already ended asking for a retry (the broker delivered it
+    -- again while it ran): that retry is the job's next run; this copy waits, and is dropped
+    -- once the job is done
+    return {'running', rec[6], rec[4], rec[2]}
+  end
   if rec[1] == 'r' then
     local newer = ARGV[8] ~= '' and rec[5] and rec[5] ~= '' and tonumber(ARGV[8]) > tonumber(rec[5])
     local lost = rec[7] and rec[7] ~= '' and ARGV[13] and

@@ -27,8 +27,11 @@ from taskdedup.celery import deduplicate, install
 
 from .config import (
     GRACE,
+    HELD,
     LEASE,
     LEDGER,
+    MESSAGE_HEADER,
+    MESSAGES,
     POPPED,
     PUBLISHED,
     PUBLISHES,
@@ -96,6 +99,14 @@ def ready(sender: Any = None, **_: object) -> None:
     records.set(f"ready:{os.environ.get('CHAOS_WORKER_TAG', '?')}", os.getpid())
 
 
+@signals.before_task_publish.connect
+def tag_message(headers: Any = None, **_: object) -> None:
+    """Each message gets a tag of its own (a re-sent copy of a job too), kept by the broker
+    when it restores the message."""
+    if headers is not None:
+        headers[MESSAGE_HEADER] = uuid.uuid4().hex
+
+
 @signals.after_task_publish.connect
 def published(headers: Any = None, **_: object) -> None:
     """The message left kombu's publish: from here on, losing it is the transport's doing."""
@@ -103,6 +114,9 @@ def published(headers: Any = None, **_: object) -> None:
     if job:
         records.sadd(PUBLISHED, job)
         records.hincrby(PUBLISHES, job, 1)
+        tag = (headers or {}).get(MESSAGE_HEADER)
+        if tag:
+            records.hset(MESSAGES, tag, json.dumps({"job": job, "t": time.time()}))
 
 
 def _count_pops() -> None:
@@ -122,8 +136,26 @@ def _count_pops() -> None:
     base.Transport._deliver = counted  # type: ignore[method-assign]
 
 
+def _record_held() -> None:
+    """Record each message's tag once kombu's Redis transport holds it as unacked: from then
+    on the broker gives it back if the worker dies. A message published and never held was
+    lost between the broker's pop and that record (or never popped)."""
+    from kombu.transport import redis as transport
+
+    append = transport.QoS.append
+
+    def held(self: Any, message: Any, delivery_tag: Any) -> None:
+        append(self, message, delivery_tag)
+        tag = (getattr(message, "headers", None) or {}).get(MESSAGE_HEADER)
+        if tag:
+            records.sadd(HELD, tag)
+
+    transport.QoS.append = held  # type: ignore[method-assign]
+
+
 if os.environ.get("CHAOS_ROLE") == "worker":
     _count_pops()
+    _record_held()
 
 
 @signals.task_received.connect

@@ -26,6 +26,7 @@ from celery import Celery, signals
 from taskdedup.celery import deduplicate, install
 
 from .config import (
+    ACKED,
     GRACE,
     HELD,
     LEASE,
@@ -137,20 +138,40 @@ def _count_pops() -> None:
 
 
 def _record_held() -> None:
-    """Record each message's tag once kombu's Redis transport holds it as unacked: from then
-    on the broker gives it back if the worker dies. A message published and never held was
-    lost between the broker's pop and that record (or never popped)."""
+    """Record when kombu's Redis transport holds each message as unacked (from then on the
+    broker gives it back if the worker dies) and when a worker consumes it (ack, or reject
+    without requeue). A message whose last record is not a consumption was back in the
+    broker after it, or lost between a pop and the next hold."""
     from kombu.transport import redis as transport
 
-    append = transport.QoS.append
+    append, ack, reject = transport.QoS.append, transport.QoS.ack, transport.QoS.reject
+
+    def tag_of(message: Any) -> Any:
+        return (getattr(message, "headers", None) or {}).get(MESSAGE_HEADER)
 
     def held(self: Any, message: Any, delivery_tag: Any) -> None:
         append(self, message, delivery_tag)
-        tag = (getattr(message, "headers", None) or {}).get(MESSAGE_HEADER)
+        tag = tag_of(message)
         if tag:
-            records.sadd(HELD, tag)
+            records.hset(HELD, tag, time.time())
+
+    def consumed(self: Any, delivery_tag: Any) -> None:
+        tag = tag_of(self._delivered.get(delivery_tag))
+        if tag:
+            records.hset(ACKED, tag, time.time())
+
+    def acked(self: Any, delivery_tag: Any) -> None:
+        consumed(self, delivery_tag)
+        ack(self, delivery_tag)
+
+    def rejected(self: Any, delivery_tag: Any, requeue: bool = False) -> None:
+        if not requeue:
+            consumed(self, delivery_tag)
+        reject(self, delivery_tag, requeue=requeue)
 
     transport.QoS.append = held  # type: ignore[method-assign]
+    transport.QoS.ack = acked  # type: ignore[method-assign]
+    transport.QoS.reject = rejected  # type: ignore[method-assign]
 
 
 if os.environ.get("CHAOS_ROLE") == "worker":

@@ -104,8 +104,10 @@ class Jobs:
     consumer_kills: list[float] = dataclasses.field(default_factory=list)
     #: every message kombu published: its tag -> (job id, when)
     messages: dict[str, tuple[str, float]] = dataclasses.field(default_factory=dict)
-    #: the tags of messages a worker's kombu recorded as unacked (safe from then on)
-    held_messages: set[str] = dataclasses.field(default_factory=set)
+    #: per message tag: when a worker's kombu last recorded it as unacked (held), and when a
+    #: worker last consumed it (acknowledged, or rejected without requeue)
+    held_messages: dict[str, float] = dataclasses.field(default_factory=dict)
+    acked_messages: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.submits: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -116,26 +118,32 @@ class Jobs:
             elif entry["ev"] == "revoke" and "error" not in entry:
                 self.revoked.add(entry["job"])
         self.revoked |= {job for job, st in self.states.items() if st.get("status") == "REVOKED"}
-        self.unheld: dict[str, list[float]] = defaultdict(list)
+        #: per job: when each of its messages not consumed was last seen (published or held)
+        self.unconsumed: dict[str, list[float]] = defaultdict(list)
         self.sent: dict[str, int] = defaultdict(int)
         for tag, (job, t) in self.messages.items():
             self.sent[job] += 1
-            if tag not in self.held_messages:
-                self.unheld[job].append(t)
+            held = self.held_messages.get(tag)
+            acked = self.acked_messages.get(tag)
+            if acked is not None and (held is None or acked >= held):
+                continue
+            self.unconsumed[job].append(max(t, held or 0.0))
 
     def lost_in_transport(self, job: str) -> bool:
-        """A message of this job that kombu published was never held by a worker (recorded as
-        unacked), and a worker's consumer was cut off (its worker killed or dead, or the broker
-        restarted) after it was published: kombu's Redis transport pops a message before it
-        records it as unacked, in a second command, so a consumer cut off in between loses it
-        (celery/celery#4354, #7950). Followed message by message (each carries a tag of its
-        own), so a message the broker gave back and delivered again does not hide another that
-        was lost. Any other loss counts against taskdedup."""
+        """A message of this job that kombu published was never consumed by a worker
+        (acknowledged, or rejected for good), and a worker's consumer was cut off (its worker
+        killed or dead, or the broker restarted) after the message was last seen: published,
+        or held as unacked by a worker that then died (the broker gave it back). Once the broker
+        is empty, such a message was taken off it by a consumer cut off before it recorded the
+        message as unacked: kombu's Redis transport does that in a second command, so the
+        message is lost (celery/celery#4354, #7950). Followed message by message (each carries
+        a tag of its own), so a message the broker gave back and delivered again does not hide
+        another that was lost. Any other loss counts against taskdedup."""
         if not self.drained or self.about(job)["result"] in ("SUCCESS", "FAILURE"):
             return False
         return any(
-            kill >= sent - CLOCK_SLACK
-            for sent in self.unheld.get(job, ())
+            kill >= seen - CLOCK_SLACK
+            for seen in self.unconsumed.get(job, ())
             for kill in self.consumer_kills
         )
 
@@ -155,7 +163,7 @@ class Jobs:
             "publishes": self.publishes.get(job, 0),
             "popped": self.popped.get(job, 0),
             "messages": self.sent.get(job, 0),
-            "messages_never_held": len(self.unheld.get(job, ())),
+            "messages_not_consumed": len(self.unconsumed.get(job, ())),
             "received": self.received.get(job, 0),
             "revoked": job in self.revoked,
             "result": (self.states.get(job) or {}).get("status"),

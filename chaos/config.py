@@ -27,9 +27,12 @@ POPPED = "popped"  # records server: hash job id -> messages a worker's kombu to
 #: tag of its own (a header set at publish), so that a message is followed, not a count per job
 #: (a message the broker restores after a worker died is delivered twice under one tag)
 MESSAGES = "messages"
-#: records server: set of message tags a worker's kombu recorded as unacked (from there the
-#: broker gives the message back if the worker dies; before it, a kill loses the message)
+#: records server: hash message tag -> when a worker's kombu last recorded it as unacked (from
+#: there the broker gives the message back if the worker dies; before it, a kill loses it)
 HELD = "held_messages"
+#: records server: hash message tag -> when a worker last acknowledged (or rejected without
+#: requeue) it: the message was consumed
+ACKED = "acked_messages"
 MESSAGE_HEADER = "chaos_message"
 
 

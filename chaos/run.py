@@ -16,6 +16,7 @@ import redis
 
 from . import check
 from .config import (
+    ACKED,
     EXCLUSIVE,
     GRACE,
     HELD,
@@ -324,7 +325,8 @@ class Soak:
                     (tag, json.loads(raw)) for tag, raw in self.records.hgetall(MESSAGES).items()
                 )
             },
-            set(self.records.smembers(HELD)),
+            {tag: float(t) for tag, t in self.records.hgetall(HELD).items()},
+            {tag: float(t) for tag, t in self.records.hgetall(ACKED).items()},
         )
         digests, mismatched = key_digests(events, self.o.names)
         submits = [e for e in ledger if e["ev"] == "submit"]

@@ -101,6 +101,7 @@ def test_unfinished_detector_counts_lost_jobs_and_excuses_only_revoked_ones() ->
         submit("G"),  # as E: a duplicate answered with it after the kill says nothing of its
         submit("G", dedup=True, t=2.0),  # message, so it is still the transport's loss
         submit("H"),
+        submit("I"),
         {"ev": "submit", "name": "k1", "task": "t", "mode": "delay", "t": 0, "error": "X"},
     ]
     events = [
@@ -128,14 +129,18 @@ def test_unfinished_detector_counts_lost_jobs_and_excuses_only_revoked_ones() ->
             # though H's deliveries outnumber its publishes
             "mH1": ("H", 0.0),
             "mH2": ("H", 0.2),
+            # I: held, its worker died before it acknowledged it (no ack recorded); the
+            # broker gave it back, and a consumer cut off after that lost it
+            "mI": ("I", 0.0),
         },
-        held_messages={"mA", "mB", "mH1"},
+        held_messages={"mA": 0.1, "mB": 0.1, "mH1": 0.1, "mI": 0.2},
+        acked_messages={"mA": 0.2, "mB": 0.2, "mH1": 0.3},
     )
     result = check.unfinished(runs, jobs)
-    assert result["jobs_examined"] == 8
+    assert result["jobs_examined"] == 9
     assert sorted(s["job"] for s in result["samples"]) == ["B", "D", "F"]
     assert result["count"] == 3 and result["excused_revoked_or_expired"] == 1
-    assert result["lost_in_transport"] == 3
+    assert result["lost_in_transport"] == 4
 
 
 def test_held_detector_counts_held_keys_and_those_of_revoked_jobs() -> None:

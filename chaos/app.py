@@ -26,9 +26,13 @@ from celery import Celery, signals
 from taskdedup.celery import deduplicate, install
 
 from .config import (
+    ACKED,
     GRACE,
+    HELD,
     LEASE,
     LEDGER,
+    MESSAGE_HEADER,
+    MESSAGES,
     POPPED,
     PUBLISHED,
     PUBLISHES,
@@ -96,6 +100,14 @@ def ready(sender: Any = None, **_: object) -> None:
     records.set(f"ready:{os.environ.get('CHAOS_WORKER_TAG', '?')}", os.getpid())
 
 
+@signals.before_task_publish.connect
+def tag_message(headers: Any = None, **_: object) -> None:
+    """Each message gets a tag of its own (a re-sent copy of a job too), kept by the broker
+    when it restores the message."""
+    if headers is not None:
+        headers[MESSAGE_HEADER] = uuid.uuid4().hex
+
+
 @signals.after_task_publish.connect
 def published(headers: Any = None, **_: object) -> None:
     """The message left kombu's publish: from here on, losing it is the transport's doing."""
@@ -103,6 +115,9 @@ def published(headers: Any = None, **_: object) -> None:
     if job:
         records.sadd(PUBLISHED, job)
         records.hincrby(PUBLISHES, job, 1)
+        tag = (headers or {}).get(MESSAGE_HEADER)
+        if tag:
+            records.hset(MESSAGES, tag, json.dumps({"job": job, "t": time.time()}))
 
 
 def _count_pops() -> None:
@@ -122,8 +137,46 @@ def _count_pops() -> None:
     base.Transport._deliver = counted  # type: ignore[method-assign]
 
 
+def _record_held() -> None:
+    """Record when kombu's Redis transport holds each message as unacked (from then on the
+    broker gives it back if the worker dies) and when a worker consumes it (ack, or reject
+    without requeue). A message whose last record is not a consumption was back in the
+    broker after it, or lost between a pop and the next hold."""
+    from kombu.transport import redis as transport
+
+    append, ack, reject = transport.QoS.append, transport.QoS.ack, transport.QoS.reject
+
+    def tag_of(message: Any) -> Any:
+        return (getattr(message, "headers", None) or {}).get(MESSAGE_HEADER)
+
+    def held(self: Any, message: Any, delivery_tag: Any) -> None:
+        append(self, message, delivery_tag)
+        tag = tag_of(message)
+        if tag:
+            records.hset(HELD, tag, time.time())
+
+    def consumed(self: Any, delivery_tag: Any) -> None:
+        tag = tag_of(self._delivered.get(delivery_tag))
+        if tag:
+            records.hset(ACKED, tag, time.time())
+
+    def acked(self: Any, delivery_tag: Any) -> None:
+        consumed(self, delivery_tag)
+        ack(self, delivery_tag)
+
+    def rejected(self: Any, delivery_tag: Any, requeue: bool = False) -> None:
+        if not requeue:
+            consumed(self, delivery_tag)
+        reject(self, delivery_tag, requeue=requeue)
+
+    transport.QoS.append = held  # type: ignore[method-assign]
+    transport.QoS.ack = acked  # type: ignore[method-assign]
+    transport.QoS.reject = rejected  # type: ignore[method-assign]
+
+
 if os.environ.get("CHAOS_ROLE") == "worker":
     _count_pops()
+    _record_held()
 
 
 @signals.task_received.connect

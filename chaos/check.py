@@ -12,6 +12,8 @@ from collections import defaultdict
 from typing import Any
 
 SAMPLES = 8
+#: seconds: a message's publish is recorded just after it, a consumer's cut-off just after it
+CLOCK_SLACK = 0.5
 
 
 @dataclasses.dataclass
@@ -100,6 +102,12 @@ class Jobs:
     #: when a worker's broker consumer was cut off: its whole worker killed or found dead, or
     #: the broker restarted under it
     consumer_kills: list[float] = dataclasses.field(default_factory=list)
+    #: every message kombu published: its tag -> (job id, when)
+    messages: dict[str, tuple[str, float]] = dataclasses.field(default_factory=dict)
+    #: per message tag: when a worker's kombu last recorded it as unacked (held), and when a
+    #: worker last consumed it (acknowledged, or rejected without requeue)
+    held_messages: dict[str, float] = dataclasses.field(default_factory=dict)
+    acked_messages: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.submits: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -110,24 +118,34 @@ class Jobs:
             elif entry["ev"] == "revoke" and "error" not in entry:
                 self.revoked.add(entry["job"])
         self.revoked |= {job for job, st in self.states.items() if st.get("status") == "REVOKED"}
+        #: per job: when each of its messages not consumed was last seen (published or held)
+        self.unconsumed: dict[str, list[float]] = defaultdict(list)
+        self.sent: dict[str, int] = defaultdict(int)
+        for tag, (job, t) in self.messages.items():
+            self.sent[job] += 1
+            held = self.held_messages.get(tag)
+            acked = self.acked_messages.get(tag)
+            if acked is not None and (held is None or acked >= held):
+                continue
+            self.unconsumed[job].append(max(t, held or 0.0))
 
-    def lost_in_transport(self, job: str, runs: list[Run]) -> bool:
-        """A message of this job that kombu published no worker ever received, and a worker's
-        consumer was cut off (its worker killed or dead, or the broker restarted) after the job
-        was last seen (sent fresh, or a run of it ended; a duplicate answered with it says
-        nothing of its message): kombu's Redis transport pops a message before it records it
-        as unacked, in a second command, so a consumer cut off in between loses it
-        (celery/celery#4354, #7950). Any other loss counts against taskdedup."""
-        about = self.about(job)
-        sent = max(about["publishes"], 1 if about["published"] else 0)
-        if not (self.drained and sent > about["received"]):
+    def lost_in_transport(self, job: str) -> bool:
+        """A message of this job that kombu published was never consumed by a worker
+        (acknowledged, or rejected for good), and a worker's consumer was cut off (its worker
+        killed or dead, or the broker restarted) after the message was last seen: published,
+        or held as unacked by a worker that then died (the broker gave it back). Once the broker
+        is empty, such a message was taken off it by a consumer cut off before it recorded the
+        message as unacked: kombu's Redis transport does that in a second command, so the
+        message is lost (celery/celery#4354, #7950). Followed message by message (each carries
+        a tag of its own), so a message the broker gave back and delivered again does not hide
+        another that was lost. Any other loss counts against taskdedup."""
+        if not self.drained or self.about(job)["result"] in ("SUCCESS", "FAILURE"):
             return False
-        if about["result"] in ("SUCCESS", "FAILURE"):
-            return False
-        fresh = [e["t"] for e in self.submits.get(job, []) if not e["dedup"]]
-        seen = [r.end for r in runs if r.job == job] + fresh
-        last_seen = max(seen, default=0.0)
-        return any(t > last_seen for t in self.consumer_kills)
+        return any(
+            kill >= seen - CLOCK_SLACK
+            for seen in self.unconsumed.get(job, ())
+            for kill in self.consumer_kills
+        )
 
     def about(self, job: str | None) -> dict[str, Any]:
         if job is None:
@@ -144,6 +162,8 @@ class Jobs:
             "published": job in self.published,
             "publishes": self.publishes.get(job, 0),
             "popped": self.popped.get(job, 0),
+            "messages": self.sent.get(job, 0),
+            "messages_not_consumed": len(self.unconsumed.get(job, ())),
             "received": self.received.get(job, 0),
             "revoked": job in self.revoked,
             "result": (self.states.get(job) or {}).get("status"),
@@ -229,7 +249,7 @@ def unfinished(runs: list[Run], jobs: Jobs) -> dict[str, Any]:
             "result_detail": str((jobs.states.get(job) or {}).get("result"))[:200],
             "runs": [(r.attempt, r.ended_by, r.outcome) for r in runs if r.job == job],
         }
-        if jobs.lost_in_transport(job, runs):
+        if jobs.lost_in_transport(job):
             transport.append(item)
         else:
             missing.append(item)
@@ -261,7 +281,7 @@ def still_held(
     for record in held:
         task, name = digests.get(record["digest"], ("?", "?"))
         item = {**record, "task": task, "name": name, **jobs.about(record.get("job"))}
-        if record.get("job") and jobs.lost_in_transport(record["job"], runs):
+        if record.get("job") and jobs.lost_in_transport(record["job"]):
             transport.append(item)
             continue
         samples.append(item)

@@ -23,6 +23,17 @@ PUBLISHED = "published"  # records server: set of job ids kombu published (after
 RECEIVED = "received"  # records server: hash job id -> deliveries a worker received
 PUBLISHES = "publishes"  # records server: hash job id -> messages kombu published (retries too)
 POPPED = "popped"  # records server: hash job id -> messages a worker's kombu took off the broker
+#: records server: hash message tag -> JSON {job, t}: every message kombu published, each with a
+#: tag of its own (a header set at publish), so that a message is followed, not a count per job
+#: (a message the broker restores after a worker died is delivered twice under one tag)
+MESSAGES = "messages"
+#: records server: hash message tag -> when a worker's kombu last recorded it as unacked (from
+#: there the broker gives the message back if the worker dies; before it, a kill loses it)
+HELD = "held_messages"
+#: records server: hash message tag -> when a worker last acknowledged (or rejected without
+#: requeue) it: the message was consumed
+ACKED = "acked_messages"
+MESSAGE_HEADER = "chaos_message"
 
 
 def task_name(strategy: str) -> str:

@@ -16,10 +16,13 @@ import redis
 
 from . import check
 from .config import (
+    ACKED,
     EXCLUSIVE,
     GRACE,
+    HELD,
     LEASE,
     LEDGER,
+    MESSAGES,
     POPPED,
     PUBLISHED,
     PUBLISHES,
@@ -291,7 +294,14 @@ class Soak:
         finally:
             store.close()
         if self.o.keep_logs:
-            raw = {"runs": events, "ledger": ledger, "kills": self.kills, "held": held}
+            raw = {
+                "runs": events,
+                "ledger": ledger,
+                "kills": self.kills,
+                "held": held,
+                "faults": self.faults,
+                "deaths": self.deaths,
+            }
             (self.logs / "raw.json").write_text(json.dumps(raw))
         runs, tally = check.build_runs(events, self.kills, now)
         ids = {e["job"] for e in ledger if e["ev"] in ("submit", "revoke") and "job" in e}
@@ -309,6 +319,14 @@ class Soak:
                 + self.deaths
                 + [f["from"] for f in self.faults if f["fault"] == "broker_restart"]
             ),
+            {
+                tag: (entry["job"], entry["t"])
+                for tag, entry in (
+                    (tag, json.loads(raw)) for tag, raw in self.records.hgetall(MESSAGES).items()
+                )
+            },
+            {tag: float(t) for tag, t in self.records.hgetall(HELD).items()},
+            {tag: float(t) for tag, t in self.records.hgetall(ACKED).items()},
         )
         digests, mismatched = key_digests(events, self.o.names)
         submits = [e for e in ledger if e["ev"] == "submit"]

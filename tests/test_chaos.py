@@ -100,6 +100,8 @@ def test_unfinished_detector_counts_lost_jobs_and_excuses_only_revoked_ones() ->
         submit("F", t=1.0),  # published, never received, no consumer killed after: counted
         submit("G"),  # as E: a duplicate answered with it after the kill says nothing of its
         submit("G", dedup=True, t=2.0),  # message, so it is still the transport's loss
+        submit("H"),
+        submit("I"),
         {"ev": "submit", "name": "k1", "task": "t", "mode": "delay", "t": 0, "error": "X"},
     ]
     events = [
@@ -113,15 +115,32 @@ def test_unfinished_detector_counts_lost_jobs_and_excuses_only_revoked_ones() ->
         ledger,
         {"C": {"status": "REVOKED"}},
         published={"A", "B", "C", "E", "F", "G"},
-        received={"A": 1, "B": 1},
+        received={"A": 1, "B": 1, "H": 2},
         publishes={"B": 1},  # B's retry was never published: not the transport's loss
         consumer_kills=[0.5],
+        messages={
+            "mA": ("A", 0.0),
+            "mB": ("B", 0.0),
+            "mE": ("E", 0.0),
+            "mF": ("F", 2.0),
+            "mG": ("G", 0.0),
+            # H: its first message was delivered twice (the broker gave it back), its
+            # re-sent copy never held, a consumer killed after: the transport's loss,
+            # though H's deliveries outnumber its publishes
+            "mH1": ("H", 0.0),
+            "mH2": ("H", 0.2),
+            # I: held, its worker died before it acknowledged it (no ack recorded); the
+            # broker gave it back, and a consumer cut off after that lost it
+            "mI": ("I", 0.0),
+        },
+        held_messages={"mA": 0.1, "mB": 0.1, "mH1": 0.1, "mI": 0.2},
+        acked_messages={"mA": 0.2, "mB": 0.2, "mH1": 0.3},
     )
     result = check.unfinished(runs, jobs)
-    assert result["jobs_examined"] == 7
+    assert result["jobs_examined"] == 9
     assert sorted(s["job"] for s in result["samples"]) == ["B", "D", "F"]
     assert result["count"] == 3 and result["excused_revoked_or_expired"] == 1
-    assert result["lost_in_transport"] == 2
+    assert result["lost_in_transport"] == 4
 
 
 def test_held_detector_counts_held_keys_and_those_of_revoked_jobs() -> None:

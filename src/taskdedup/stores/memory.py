@@ -208,10 +208,11 @@ class MemoryStore(Store):
                 self._release_locks(op.key, op.job_id, now)
                 return ClaimReply("done", rec["f"], rec["a"], rec["o"])
             attempts = rec["a"] + 1
-            if rec["s"] == "q" and op.attempt is not None and rec["n"] is not None:
-                if op.attempt <= rec["n"]:  # a copy of an attempt that asked for a retry:
-                    # that retry is the job's next run; this copy waits (dropped once done)
-                    return ClaimReply("running", rec["f"], rec["a"], rec["o"])
+            retried = rec["s"] == "q" and rec["n"] is not None
+            if retried and op.attempt is not None and op.attempt <= rec["n"]:
+                # a copy of an attempt that asked for a retry: that retry is the job's next
+                # run; this copy waits (and is dropped once the job is done)
+                return ClaimReply("running", rec["f"], rec["a"], rec["o"])
             if rec["s"] == "r":
                 newer = op.attempt is not None and rec["n"] is not None and op.attempt > rec["n"]
                 lost = bool(rec.get("k")) and rec.get("k") in op.lost_claims

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .background import AsyncHeartbeat, Heartbeat
-from .core import Admission, Completion, Deduplicator, Ticket
+from .core import Deduplicator
+from .decide import Admission, Completion, Ticket
 from .errors import (
     ConfigError,
     CorruptRecord,

@@ -19,12 +19,31 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Iterable
+from typing import Any, Literal, Protocol
 
-from .stores.base import Confirm, Lease, Release
+from .settings import Settings
+from .stores.base import Confirm, Lease, Release, Store
 
-if TYPE_CHECKING:
-    from .core import Deduplicator
+
+class StoreUser(Protocol):
+    """What the confirmer and the releaser need of their runner: its store and settings."""
+
+    store: Store
+    settings: Settings
+
+
+class LeaseKeeper(Protocol):
+    """What a heartbeat needs of its runner: batched renewals and a way to report a loss."""
+
+    settings: Settings
+
+    def heartbeat(self, leases: Iterable[Lease]) -> tuple[bool, ...] | None: ...
+
+    async def aheartbeat(self, leases: Iterable[Lease]) -> tuple[bool, ...] | None: ...
+
+    def lease_lost(self, lease: Lease) -> None: ...
+
 
 log = logging.getLogger("taskdedup")
 
@@ -91,7 +110,7 @@ class _Leases:
 class Heartbeat(_Leases):
     """Renews every lease held in this process from a daemon thread; ``stop()`` ends it."""
 
-    def __init__(self, dedup: Deduplicator) -> None:
+    def __init__(self, dedup: LeaseKeeper) -> None:
         super().__init__(dedup.settings.default_lease)
         self.dedup = dedup
         self._stop = threading.Event()
@@ -144,7 +163,7 @@ class Heartbeat(_Leases):
 class AsyncHeartbeat(_Leases):
     """Renews every lease held in this event loop from an asyncio task; ``await stop()``."""
 
-    def __init__(self, dedup: Deduplicator) -> None:
+    def __init__(self, dedup: LeaseKeeper) -> None:
         super().__init__(dedup.settings.default_lease)
         self.dedup = dedup
         self._task: asyncio.Task[None] | None = None
@@ -213,7 +232,7 @@ class Confirmer:
     would keep its repeats waiting until then.
     """
 
-    def __init__(self, dedup: Deduplicator, interval: float = 0.25) -> None:
+    def __init__(self, dedup: StoreUser, interval: float = 0.25) -> None:
         self.dedup = dedup
         self.interval = interval
         self._pending: list[tuple[str, str, float]] = []  # key, job id, give up at
@@ -328,7 +347,7 @@ class Releaser:
     seconds at most. Without it a revoked or expired job's lock would outlive the outage by its
     whole ttl (G13). A late release frees only ``job_id``'s lock, never one taken since."""
 
-    def __init__(self, dedup: Deduplicator, interval: float = 1.0, patience: float = 3600.0):
+    def __init__(self, dedup: StoreUser, interval: float = 1.0, patience: float = 3600.0):
         self.dedup = dedup
         self.interval = interval
         self.patience = patience

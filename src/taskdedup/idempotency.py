@@ -33,7 +33,8 @@ from .policy import Policy, seconds
 from .stores.base import Release, Remember, RememberReply, ms
 
 if TYPE_CHECKING:
-    from .core import Deduplicator, Step
+    from .core import Deduplicator
+    from .decide import Step
 
 #: 1 to 256 printable ASCII characters, no spaces: CI keys like ``gh-org/repo-<sha>`` pass.
 KEY_PATTERN = re.compile(r"[!-~]{1,256}")
@@ -92,7 +93,7 @@ class IdempotencyKeys:
         self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
     ) -> Step[Recall]:
         """The store step for one submission (raises InvalidIdempotencyKey for a bad key)."""
-        from .core import Step
+        from .decide import Step
 
         check_key(key)
         settings = self.dedup.settings

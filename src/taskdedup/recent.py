@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from .core import Ticket
+from .decide import Ticket
 
 RECENT_SECONDS = 10.0
 RECENT_KEYS = 10_000

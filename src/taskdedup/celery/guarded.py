@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.utils.uuid import uuid
 
-from ..core import Ticket
+from ..decide import Ticket
 from ..errors import StoreUnavailable
 from ..idempotency import Recall, fingerprint
 from ..policy import TaskPolicy

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kombu.utils.uuid import uuid
 
-from ..core import Step, Ticket
+from ..decide import Step, Ticket
 from ..errors import DuplicateJob, QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..recent import RecentKeys
@@ -85,25 +85,7 @@ class Publisher:
             )
         assert policy is not None
         dedup = integ.dedup
-        delay = delay_of(options)
-        queue = queue_of(task, options)
-        job_id = options.get("task_id") or uuid()
-        payload = None
-        if policy.policy.on_conflict == "reschedule_once":
-            payload = dump_call(
-                args or (), kwargs or {}, options.get("serializer") or task.serializer
-            )
-        plan = dedup.plan_enqueue(
-            policy,
-            args or (),
-            kwargs or {},
-            job_id,
-            queue,
-            delay,
-            payload,
-            expires_in=expires_in_of(options),
-        )
-        options["task_id"] = job_id
+        job_id, plan = self._plan(task, policy, args, kwargs, options)
         if isinstance(plan, Step) and self._fusable(plan):
             return self._publish_fused(plan, job_id, name, args, kwargs, options)
         ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)
@@ -111,6 +93,28 @@ class Publisher:
         if ticket.deduplicated:
             return self._holder(ticket, options)
         return self._publish(ticket, name, args, kwargs, options)
+
+    def _plan(
+        self, task: Any, policy: TaskPolicy, args: Any, kwargs: Any, options: Any
+    ) -> tuple[str, Ticket | Step[Ticket]]:
+        """The call's job id (set in ``options``) and its enqueue decision, planned."""
+        job_id = options.get("task_id") or uuid()
+        options["task_id"] = job_id
+        payload = None
+        if policy.policy.on_conflict == "reschedule_once":
+            serializer = options.get("serializer") or task.serializer
+            payload = dump_call(args or (), kwargs or {}, serializer)
+        plan = self.integration.dedup.plan_enqueue(
+            policy,
+            args or (),
+            kwargs or {},
+            job_id,
+            queue=queue_of(task, options),
+            delay=delay_of(options),
+            payload=payload,
+            expires_in=expires_in_of(options),
+        )
+        return job_id, plan
 
     def _publish_member(
         self, task: Any, policy: TaskPolicy, name: str, args: Any, kwargs: Any, options: Any
@@ -122,23 +126,7 @@ class Publisher:
         if not results_kept(integ, task):
             return self.original(name, args, kwargs, **options)
         dedup = integ.dedup
-        job_id = options.get("task_id") or uuid()
-        options["task_id"] = job_id
-        payload = None
-        if policy.policy.on_conflict == "reschedule_once":
-            payload = dump_call(
-                args or (), kwargs or {}, options.get("serializer") or task.serializer
-            )
-        plan = dedup.plan_enqueue(
-            policy,
-            args or (),
-            kwargs or {},
-            job_id,
-            queue_of(task, options),
-            delay_of(options),
-            payload,
-            expires_in=expires_in_of(options),
-        )
+        job_id, plan = self._plan(task, policy, args, kwargs, options)
         try:
             ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)
         except DuplicateJob as dup:  # on_conflict="raise" would cut the canvas: follow instead

@@ -24,7 +24,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from ..core import Step, Ticket
+from ..decide import Step, Ticket
 from ..errors import StoreUnavailable
 from ..stores.base import Acquire, AcquireReply
 from ..stores.redis import RedisStore

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from ..core import FULL_DELAY, Admission, Ticket, parse_lost_claims, with_lost_claim
+from ..decide import FULL_DELAY, Admission, Ticket, parse_lost_claims, with_lost_claim
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease

@@ -30,7 +30,7 @@ from taskiq.message import BrokerMessage, TaskiqMessage
 from taskiq.task import AsyncTaskiqTask
 from taskiq_redis import ListQueueBroker
 
-from ..core import Step, Ticket
+from ..decide import Step, Ticket
 from ..errors import DuplicateJob, QuotaExceeded, StoreUnavailable
 from ..idempotency import Recall
 from ..policy import TaskPolicy
@@ -199,7 +199,13 @@ class Producer:
         decision = Decision(message, message.task_id, message.task_id)
         if self._fusable(policy):
             plan = self.mw.dedup.plan_enqueue(
-                policy, message.args, message.kwargs, message.task_id, queue, delay, payload
+                policy,
+                message.args,
+                message.kwargs,
+                message.task_id,
+                queue=queue,
+                delay=delay,
+                payload=payload,
             )
             if isinstance(plan, Ticket):  # not deduplicated (disabled, scheduled, ...)
                 return message

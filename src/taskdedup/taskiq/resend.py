@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from taskiq.kicker import AsyncKicker
 from taskiq.message import TaskiqMessage
 
-from ..core import STORE_RETRY_MAX, Ticket
+from ..decide import STORE_RETRY_MAX, Ticket
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..stores.base import Handoff
 from .options import (

@@ -30,7 +30,7 @@ from taskiq.message import TaskiqMessage
 from taskiq.result import TaskiqResult
 
 from ..background import AsyncHeartbeat
-from ..core import FULL_DELAY, Admission, parse_lost_claims, with_lost_claim
+from ..decide import FULL_DELAY, Admission, parse_lost_claims, with_lost_claim
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease

@@ -11,7 +11,8 @@ def rebuild(user_id, force=False): ...
 
 from __future__ import annotations
 
-from .integration import CeleryDedup, install, integration_for
+from .integration import install
+from .state import CeleryDedup, integration_for
 from .tasks import deduplicate, reserve
 
 __all__ = ["CeleryDedup", "deduplicate", "install", "integration_for", "reserve"]

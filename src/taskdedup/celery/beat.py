@@ -14,17 +14,17 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import DuplicateJob
-
-if TYPE_CHECKING:
-    from .integration import CeleryDedup
+from .state import CeleryDedup
 
 log = logging.getLogger("taskdedup")
 _IN_BEAT: contextvars.ContextVar[bool] = contextvars.ContextVar("taskdedup_beat", default=False)
 _hooked = threading.Lock()
+_skips: weakref.WeakKeyDictionary[Any, BeatSkips] = weakref.WeakKeyDictionary()  # app -> skips
 
 
 class BeatSkips:
@@ -82,20 +82,22 @@ class _QuietInBeat(logging.Filter):
         return log.isEnabledFor(logging.DEBUG)
 
 
-def hook_scheduler(integration_for: Callable[[Any], CeleryDedup | None]) -> None:
-    """Wrap ``celery.beat.Scheduler.apply_async`` (once per process)."""
+def hook_scheduler(app: Any, skips: BeatSkips) -> None:
+    """Skip ``app``'s deduplicated runs with ``skips``: wrap ``celery.beat.Scheduler.apply_async``
+    (once per process)."""
     from celery.beat import Scheduler
 
+    _skips[app] = skips
     with _hooked:
         if getattr(Scheduler, "_taskdedup_hooked", False):
             return
         original = Scheduler.apply_async
 
         def apply_async(self: Any, entry: Any, *args: Any, **kwargs: Any) -> Any:
-            integ = integration_for(self.app)
-            if integ is None:
+            skips = _skips.get(self.app)
+            if skips is None:
                 return original(self, entry, *args, **kwargs)
-            return integ.beat.send(original, self, entry, *args, **kwargs)
+            return skips.send(original, self, entry, *args, **kwargs)
 
         Scheduler.apply_async = apply_async
         Scheduler._taskdedup_hooked = True

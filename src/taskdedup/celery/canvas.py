@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from celery import states
 from celery.backends.base import DisabledBackend
@@ -42,9 +42,7 @@ from ..stores.base import Inspect, Store
 from ..stores.memory import MemoryStore
 from ..stores.redis import RedisStore
 from .messages import queue_of
-
-if TYPE_CHECKING:
-    from .integration import CeleryDedup
+from .state import CeleryDedup
 
 log = logging.getLogger("taskdedup")
 

@@ -9,7 +9,7 @@ before the error reaches the caller.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kombu.utils.uuid import uuid
 
@@ -17,13 +17,20 @@ from ..decide import Ticket
 from ..errors import StoreUnavailable
 from ..idempotency import Recall, fingerprint
 from ..policy import TaskPolicy
+from ..recent import RecentKeys
 from ..reservations import ReservePolicy
 from .messages import SCOPE_HEADER, add_key, delay_of, dump_call, expires_in_of, queue_of
+from .state import CeleryDedup, Handles, release_slot
 from .tasks import task_function
-from .worker import release_slot
 
-if TYPE_CHECKING:
-    from .publish import Publisher
+
+class Publisher(Handles, Protocol):
+    """What a guarded publish needs of the publisher: its integration, Celery's own
+    ``send_task``, the keys seen held lately and the handles of existing jobs."""
+
+    integration: CeleryDedup
+    original: Any
+    recent: RecentKeys
 
 
 def publish_guarded(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from kombu.utils.uuid import uuid
 
@@ -36,10 +36,8 @@ from .messages import (
     queue_of,
 )
 from .redis_push import PENDING, NotPublished, PendingEnqueue, StoreDown
+from .state import CeleryDedup
 from .tasks import task_limits, task_policy
-
-if TYPE_CHECKING:
-    from .integration import CeleryDedup
 
 
 class Publisher:

@@ -28,16 +28,14 @@ import datetime as dt
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kombu.utils.functional import maybe_list
 
+from .canvas import job_record
 from .messages import KEY_HEADER, SCOPE_HEADER
+from .state import CeleryDedup, integration_for, release_slot
 from .tasks import task_policy
-from .worker import release_slot
-
-if TYPE_CHECKING:
-    from .integration import CeleryDedup
 
 log = logging.getLogger("taskdedup")
 
@@ -127,8 +125,6 @@ def runs_elsewhere(integ: CeleryDedup, key: str | None, job_id: str) -> bool:
     here: a plain revoke does not stop the run). Without a key nothing can tell: False."""
     if key is None:
         return False
-    from .canvas import job_record
-
     return job_record(integ.dedup.store, key, job_id) == "running"
 
 
@@ -186,8 +182,6 @@ def free_scheduled(state: Any, task_ids: Any) -> None:
     """Free the jobs among ``task_ids`` that this worker holds for an ETA. Celery flagged them
     revoked first, so each will be discarded when its ETA comes, never run."""
     from celery.worker import state as worker_state
-
-    from .integration import integration_for
 
     app = getattr(state, "app", None)
     integ = integration_for(app) if app is not None else None

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
@@ -30,10 +30,8 @@ from .messages import (
     STORE_WAITS_HEADER,
     load_call,
 )
+from .state import CeleryDedup, release_slot
 from .tasks import task_function, task_limits, task_policy
-
-if TYPE_CHECKING:
-    from .integration import CeleryDedup
 
 log = logging.getLogger("taskdedup")
 #: How long a delivery the broker will not take back (it is down too) waits in the worker for
@@ -42,17 +40,17 @@ STAY_AT_MOST = 600.0
 RESEND = {RESEND_OPTION: True}  # publish options of the worker's own publishes
 
 
-def wrap_task(integ: CeleryDedup, task: Any) -> None:
+def wrap_task(worker: Worker, task: Any) -> None:
     """Wrap ``task.run`` once; tasks without a policy or a cap are left untouched."""
     if getattr(task, "_taskdedup_run", None) is not None:
         return
-    if task_policy(task, integ.settings) is None and task_limits(task) is None:
+    if task_policy(task, worker.integ.settings) is None and task_limits(task) is None:
         return
     original = task.run
 
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:
-        return integ.worker.run(task, original, args, kwargs)
+        return worker.run(task, original, args, kwargs)
 
     task._taskdedup_run = original
     task.run = run
@@ -337,10 +335,3 @@ def resend(
 def header(request: Any, name: str) -> Any:
     """A taskdedup header of the running job (Celery puts custom headers on the request)."""
     return getattr(request, name, None) or (getattr(request, "headers", None) or {}).get(name)
-
-
-def release_slot(integ: CeleryDedup, scope: str, job_id: str) -> None:
-    try:
-        integ.reservations.release(scope, job_id)
-    except StoreUnavailable as exc:  # the slot lapses after its lease anyway
-        log.warning("taskdedup: could not free the slot of %s: %s", job_id, exc)

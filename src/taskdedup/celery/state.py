@@ -1,0 +1,172 @@
+"""taskdedup's state for one Celery app: its settings, store, Deduplicator and helpers, and
+the registry of installed apps. The parts that hook into Celery (publisher, worker, revoke,
+beat) each take this state; ``integration.install`` wires them together.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..background import Heartbeat
+from ..core import Deduplicator
+from ..errors import ConfigError, StoreUnavailable
+from ..idempotency import IdempotencyKeys
+from ..reservations import ReservationGuard
+from ..settings import Settings
+from ..stores import RedisStore, Store
+from .config import settings_from_app, store_for_app
+
+log = logging.getLogger("taskdedup")
+
+
+class Handles(Protocol):
+    """The publisher, as the other parts see it: it makes the handle of an existing job."""
+
+    def existing(
+        self, job_id: str, options: dict[str, Any], *, deduplicated: bool = False, hit: bool = False
+    ) -> Any: ...
+
+
+class CeleryDedup:
+    """taskdedup's state for one Celery app: settings, store, Deduplicator and hooks."""
+
+    def __init__(self, app: Any, store: Store | None, overrides: dict[str, Any]) -> None:
+        self.app = app
+        self.overrides = {k: v for k, v in overrides.items() if v is not None}
+        Settings.load(self.overrides)  # a misspelled argument fails here, at install()
+        self._settings: Settings | None = None
+        self._store = store
+        self._dedup: Deduplicator | None = None
+        self._heartbeat: Heartbeat | None = None
+        self._heartbeat_pid = 0
+        self._fused: bool | None = None
+        self._ready = False  # the finalized app's settings were read and its tasks checked
+        self._finalizing = False
+        self.publisher: Handles | None = None
+        #: what prepares each task for taskdedup (wraps its run and apply_async): set by install()
+        self.preparers: list[Callable[[Any], None]] = []
+        self._mutex = threading.RLock()  # heartbeat() makes the Deduplicator under it
+
+    @property
+    def settings(self) -> Settings:
+        """The settings: ``app.conf.taskdedup_*`` and ``install()``'s arguments, read when the
+        app finalizes (or when first needed, if that comes earlier)."""
+        if self._settings is None:
+            with self._mutex:
+                if self._settings is None:
+                    self._settings = settings_from_app(self.app, self.overrides)
+        return self._settings
+
+    def same_install(self, store: Store | None, overrides: dict[str, Any]) -> bool:
+        """Whether a later ``install()`` asks for nothing else: no arguments, or the same."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if store is None and not given:
+            return True
+        return store is self._store and given == self.overrides
+
+    def finalized(self) -> None:
+        """The app is finalized: read the settings (unless a Deduplicator already uses them),
+        then check and wrap every task. A bad setting or policy raises one ConfigError;
+        until it is fixed, every later ``app.finalize()`` (``app.tasks``) raises it again."""
+        with self._mutex:
+            if self._ready or self._finalizing:
+                return
+            self._finalizing = True
+            try:
+                if self._dedup is None:
+                    self._settings = settings_from_app(self.app, self.overrides)
+                errors = self._prepare_all()
+                if errors:
+                    raise ConfigError("\n".join(errors))
+                self._ready = True
+            finally:
+                self._finalizing = False
+
+    @property
+    def dedup(self) -> Deduplicator:
+        """The Deduplicator, made on first use (so a bad URL fails where it is used)."""
+        if self._dedup is None:
+            with self._mutex:
+                if self._dedup is None:
+                    store = self._store or store_for_app(self.app, self.settings)
+                    self._dedup = Deduplicator(store, self.settings)
+        return self._dedup
+
+    @property
+    def fused_publish(self) -> bool:
+        """Whether a fresh key's lock is taken in the broker's own push (one round trip):
+        the store was made from the broker's URL and the broker is kombu's Redis transport."""
+        if self._fused is None:
+            from kombu.transport.redis import Transport
+
+            store = self.dedup.store
+            self._fused = (
+                isinstance(store, RedisStore)
+                and store.url is not None
+                and store.url == self.app.conf.broker_url
+                and not self.settings.dry_run
+                and isinstance(self.app.connection_for_write().transport, Transport)
+            )
+        return self._fused
+
+    @functools.cached_property
+    def idempotency(self) -> IdempotencyKeys:
+        return IdempotencyKeys(self.dedup)
+
+    @functools.cached_property
+    def reservations(self) -> ReservationGuard:
+        settings = self.dedup.settings
+        return ReservationGuard(
+            self.dedup.store, enabled=settings.enabled, dry_run=settings.dry_run
+        )
+
+    def heartbeat(self) -> Heartbeat:
+        """This process's heartbeat thread (a fresh one in each forked pool child)."""
+        if self._heartbeat is None or self._heartbeat_pid != os.getpid():
+            with self._mutex:
+                if self._heartbeat is None or self._heartbeat_pid != os.getpid():
+                    self._heartbeat = Heartbeat(self.dedup)
+                    self._heartbeat_pid = os.getpid()
+        return self._heartbeat
+
+    def wrap_tasks(self, **_: Any) -> None:
+        """Prepare tasks registered after finalize (worker signals; a bad declaration was
+        raised at finalize, or is raised when the task is published)."""
+        if self.app.finalized:
+            self._prepare_all()
+
+    def _prepare_all(self) -> list[str]:
+        errors = []
+        for task in list(self.app._tasks.values()):
+            try:
+                self.prepare(task)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        return errors
+
+    def prepare(self, task: Any) -> None:
+        """Wrap a deduplicated task's ``run`` (worker side) and ``apply_async`` (fast answers
+        for likely duplicates); other tasks are left untouched."""
+        for prepare in self.preparers:
+            prepare(task)
+
+
+_installed: weakref.WeakKeyDictionary[Any, CeleryDedup] = weakref.WeakKeyDictionary()
+
+
+def integration_for(app: Any) -> CeleryDedup | None:
+    return _installed.get(app)
+
+
+def release_slot(integ: CeleryDedup, scope: str, job_id: str) -> None:
+    """Free ``job_id``'s slot of ``scope``; a store that cannot answer lets it lapse."""
+    try:
+        integ.reservations.release(scope, job_id)
+    except StoreUnavailable as exc:  # the slot lapses after its lease anyway
+        log.warning("taskdedup: could not free the slot of %s: %s", job_id, exc)

@@ -9,14 +9,16 @@ later step refuses or the kick fails, before the error reaches the caller.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from taskiq.decor import AsyncTaskiqDecoratedTask
 from taskiq.message import TaskiqMessage
 
+from ..decide import Ticket
 from ..errors import StoreUnavailable
 from ..idempotency import fingerprint
 from ..policy import TaskPolicy
+from ..recent import RecentKeys
 from ..reservations import ReservePolicy
 from .options import (
     IDEMPOTENCY_KEY_LABEL,
@@ -28,9 +30,26 @@ from .options import (
     set_label,
     task_function,
 )
+from .sends import Decision, dump_call, queue_of, remember
+from .state import DedupState
 
-if TYPE_CHECKING:
-    from .producer import Decision, Producer
+
+class Producer(Protocol):
+    """What a guarded send needs of the producer: the shared state, its enqueue, and the keys
+    seen held lately."""
+
+    mw: DedupState
+    recent: RecentKeys
+
+    async def enqueue(
+        self,
+        policy: TaskPolicy,
+        message: TaskiqMessage,
+        queue: str | None,
+        delay: float,
+        payload: str | None,
+    ) -> Ticket: ...
+
 
 log = logging.getLogger("taskdedup")
 
@@ -44,8 +63,6 @@ async def guarded_pre_send(
 ) -> None:
     """Decide one send through its idempotency key, dedup policy and reservation cap; the
     decision waits in the producer's context variable for the kick."""
-    from .producer import Decision, dump_call, queue_of, remember
-
     mw = producer.mw
     name, job_id = message.task_name, message.task_id
     fn = call_shape(task_function(task))
@@ -71,7 +88,7 @@ async def guarded_pre_send(
             payload = None
             if policy.policy.on_conflict == "reschedule_once":
                 payload = dump_call(mw.broker, message.args, message.kwargs)
-            ticket = await producer._enqueue(
+            ticket = await producer.enqueue(
                 policy,
                 message,
                 queue_of(mw.broker, message),

@@ -3,36 +3,28 @@
 broker = ListQueueBroker(url).with_middlewares(DedupMiddleware())
 
 The producer side (``pre_send`` and the wrapped kick) lives in ``producer.py``, the worker side
-(``pre_execute``, ``on_error``, ``post_execute``) in ``worker.py``; this module holds the settings,
-the store and the Deduplicator they share.
+(``pre_execute``, ``on_error``, ``post_execute``) in ``worker.py``; what they share (settings,
+store, Deduplicator, policies) in ``state.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
-from taskiq.abc.middleware import TaskiqMiddleware
 from taskiq.message import TaskiqMessage
 from taskiq.result import TaskiqResult
 
-from ..core import Deduplicator
-from ..errors import ConfigError
-from ..idempotency import IdempotencyKeys
-from ..reservations import ReservationGuard
-from ..settings import Settings
-from ..stores import MemoryStore, RedisStore, Store
-from .options import Policies
+from ..stores import Store
 from .producer import Producer
+from .state import DedupState
 from .worker import Worker
 
 if TYPE_CHECKING:
     from taskiq.abc.broker import AsyncBroker
 
 
-class DedupMiddleware(TaskiqMiddleware):
+class DedupMiddleware(DedupState):
     """Deduplicates the tasks of one broker that declare a policy.
 
     ``store_or_url``: a :class:`~taskdedup.Store`, or a store URL (``redis://...``,
@@ -43,14 +35,7 @@ class DedupMiddleware(TaskiqMiddleware):
     """
 
     def __init__(self, store_or_url: Store | str | None = None, **settings: Any) -> None:
-        super().__init__()
-        values = dict(settings)
-        if isinstance(store_or_url, str):
-            values.setdefault("url", store_or_url)
-        self.settings = Settings.load(values)
-        self._store = store_or_url if isinstance(store_or_url, Store) else None
-        self._dedup: Deduplicator | None = None
-        self.policies = Policies(self.settings)
+        super().__init__(store_or_url, **settings)
         self.producer = Producer(self)
         self.worker = Worker(self)
 
@@ -59,42 +44,8 @@ class DedupMiddleware(TaskiqMiddleware):
         self.producer.install(broker)
         self.worker.resender.watch(broker)  # a stopping worker sends its waiting copies at once
 
-    @functools.cached_property
-    def idempotency(self) -> IdempotencyKeys:
-        return IdempotencyKeys(self.dedup)
-
-    @functools.cached_property
-    def reservations(self) -> ReservationGuard:
-        settings = self.dedup.settings
-        return ReservationGuard(
-            self.dedup.store, enabled=settings.enabled, dry_run=settings.dry_run
-        )
-
-    @property
-    def dedup(self) -> Deduplicator:
-        """The Deduplicator, made on first use (so a bad URL fails where it is used)."""
-        if self._dedup is None:
-            self._dedup = Deduplicator(self._store or self._default_store(), self.settings)
-        return self._dedup
-
-    def _default_store(self) -> Store:
-        url, prefix = self.settings.url, self.settings.key_prefix
-        if url is not None:
-            if url.startswith("memory://"):
-                return MemoryStore(key_prefix=prefix)
-            return RedisStore.from_url(url, key_prefix=prefix)
-        pool = getattr(self.broker, "connection_pool", None)
-        if pool is not None and type(pool).__module__.startswith("redis.asyncio"):
-            return RedisStore.from_url(_url_of(pool), key_prefix=prefix)
-        from taskiq import InMemoryBroker
-
-        if isinstance(self.broker, InMemoryBroker):
-            return MemoryStore(key_prefix=prefix)
-        raise ConfigError(
-            f"taskdedup needs a store and the broker ({type(self.broker).__name__}) is not "
-            "a taskiq-redis one: pass DedupMiddleware('redis://...') or set TASKDEDUP_URL "
-            "(or memory:// for a single process)"
-        )
+    def retried(self, job_id: str, attempt: int) -> None:
+        self.worker.retried(job_id, attempt)
 
     # ------------------------------------------------------------------ taskiq hooks
 
@@ -116,18 +67,3 @@ class DedupMiddleware(TaskiqMiddleware):
 
     async def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
         await self.worker.post_execute(message, result)
-
-
-def _url_of(pool: Any) -> str:
-    """The URL of a taskiq-redis broker's server (the broker keeps only its pool's settings)."""
-    kw = pool.connection_kwargs
-    auth = ""
-    if kw.get("password"):
-        auth = f"{quote(kw.get('username') or '')}:{quote(kw['password'])}@"
-    elif kw.get("username"):
-        auth = f"{quote(kw['username'])}@"
-    db = int(kw.get("db") or 0)
-    if kw.get("path"):
-        return f"unix://{auth}{kw['path']}?db={db}"
-    scheme = "rediss" if "SSL" in pool.connection_class.__name__ else "redis"
-    return f"{scheme}://{auth}{kw.get('host') or 'localhost'}:{kw.get('port') or 6379}/{db}"

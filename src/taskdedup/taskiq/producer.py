@@ -14,10 +14,7 @@ taken in ``pre_send`` and confirmed in a batch after the broker's own kick succe
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import contextvars
-import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from copy import copy
@@ -32,7 +29,6 @@ from taskiq_redis import ListQueueBroker
 
 from ..decide import Step, Ticket
 from ..errors import DuplicateJob, QuotaExceeded, StoreUnavailable
-from ..idempotency import Recall
 from ..policy import TaskPolicy
 from ..recent import RecentKeys
 from ..reservations import ReservePolicy
@@ -53,11 +49,20 @@ from .options import (
     set_label,
     task_limits,
 )
+from .sends import (
+    PASS_THROUGH,
+    Decision,
+    decision_for,
+    dump_call,
+    forget,
+    pending,
+    queue_of,
+    remember,
+)
+from .state import DedupState
 
 if TYPE_CHECKING:
     from taskiq.abc.broker import AsyncBroker
-
-    from .middleware import DedupMiddleware
 
 log = logging.getLogger("taskdedup")
 P = ParamSpec("P")
@@ -65,79 +70,10 @@ R = TypeVar("R")
 Kick = Callable[[BrokerMessage], Awaitable[None]]
 
 
-@dataclasses.dataclass(slots=True)
-class Decision:
-    """What ``pre_send`` decided for one ``kiq()``, for the kick (and the kicker) to act on."""
-
-    message: TaskiqMessage
-    sent_id: str  # the task id the message was built with
-    job_id: str  # the id the caller's handle gets: the holder's for a duplicate
-    deduplicated: bool = False
-    ticket: Ticket | None = None  # acquired in pre_send: confirm after the kick
-    step: Step[Ticket] | None = None  # fused path: acquire and push in the kick
-    kicked: bool = False
-    hit: bool = False  # an idempotency key answered with its original job
-    recall: Recall | None = None  # a new idempotency record: confirm after the kick
-    scope: str | None = None  # the reservation scope whose slot the job holds
-
-
-#: The decisions of this context's sends, by task id (the id sent and, once known, the id
-#: the caller gets), so a kiq() nested in another middleware's pre_send keeps its own.
-_DECISIONS: contextvars.ContextVar[dict[str, Decision] | None] = contextvars.ContextVar(
-    "taskdedup_decisions", default=None
-)
-_KEEP = 256  # decisions kept for handles nobody marks (kicks by plain kickers)
-
-
-def remember(decision: Decision) -> None:
-    """File ``decision`` under its ids for the kick (and the kicker's handle) to find."""
-    table = _DECISIONS.get()
-    if table is None:
-        table = {}
-        _DECISIONS.set(table)
-    if len(table) >= _KEEP:
-        for stale in list(table)[: _KEEP // 2]:
-            del table[stale]
-    table[decision.sent_id] = table[decision.job_id] = decision
-
-
-def decision_for(task_id: str) -> Decision | None:
-    table = _DECISIONS.get()
-    return None if table is None else table.get(task_id)
-
-
-def _forget(decision: Decision) -> None:
-    table = _DECISIONS.get()
-    if table is not None:
-        table.pop(decision.sent_id, None)
-        table.pop(decision.job_id, None)
-
-
-#: Set while taskdedup itself re-sends a message (a deferred copy, a hand-off): no dedup.
-PASS_THROUGH: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "taskdedup_pass_through", default=False
-)
-
-
-def dump_call(broker: AsyncBroker, args: Any, kwargs: Any) -> str:
-    """A duplicate's arguments, kept for reschedule_once, in the broker's own serializer."""
-    return base64.b64encode(broker.serializer.dumpb([args, kwargs])).decode()
-
-
-def load_call(broker: AsyncBroker, payload: str) -> tuple[list[Any], dict[str, Any]]:
-    args, kwargs = broker.serializer.loadb(base64.b64decode(payload))
-    return list(args), dict(kwargs)
-
-
-def queue_of(broker: AsyncBroker, message: TaskiqMessage) -> str | None:
-    """The queue the message goes to (taskiq-redis honours a ``queue_name`` label)."""
-    return message.labels.get("queue_name") or getattr(broker, "queue_name", None)
-
-
 class Producer:
     """``pre_send`` and the wrapped ``kick`` of one broker."""
 
-    def __init__(self, middleware: DedupMiddleware) -> None:
+    def __init__(self, middleware: DedupState) -> None:
         self.mw = middleware
         self.original_kick: Kick | None = None
         self._fusable_broker: bool | None = None
@@ -156,13 +92,10 @@ class Producer:
         """A ``kiq()`` failed before its kick (the formatter could not serialize the message,
         say): give back the lock, idempotency key and slot its ``pre_send`` took (G5), so
         nothing is left behind."""
-        table = _DECISIONS.get()
-        if not table:
-            return
-        for decision in {id(d): d for d in table.values()}.values():
+        for decision in pending():
             if not decision.kicked and not decision.deduplicated:
                 decision.kicked = True
-                _forget(decision)
+                forget(decision)
                 await give_back(self, decision)
 
     # ------------------------------------------------------------------ pre_send
@@ -214,7 +147,7 @@ class Producer:
             decision.step = plan
             remember(decision)
             return message
-        ticket = await self._enqueue(policy, message, queue, delay, payload)
+        ticket = await self.enqueue(policy, message, queue, delay, payload)
         self.recent.note(ticket)
         if ticket.key is not None:
             set_label(message, KEY_LABEL, ticket.key, parsed=False)
@@ -226,7 +159,7 @@ class Producer:
         remember(decision)
         return message
 
-    async def _enqueue(
+    async def enqueue(
         self,
         policy: TaskPolicy,
         message: TaskiqMessage,
@@ -260,7 +193,7 @@ class Producer:
     ) -> None:
         """A retry middleware re-sends the job under its id: it keeps its lock and slot (G6)."""
         delay = float(label(message, "delay") or 0.0)
-        self.mw.worker.retried(message.task_id, retries - 1)
+        self.mw.retried(message.task_id, retries - 1)
         # if the retry's send fails, its kick gives back the lock and slot kept for it
         decision = Decision(message, message.task_id, message.task_id)
         remember(decision)
@@ -422,7 +355,7 @@ def mark(handle: Any) -> Any:
     """Set ``.deduplicated`` (and the holder's id) on the handle ``kiq()`` just returned."""
     decision = decision_for(handle.task_id)
     if decision is not None:
-        _forget(decision)
+        forget(decision)
     answered = bool(decision is not None and decision.kicked and decision.deduplicated)
     hit = answered and decision is not None and decision.hit
     if answered:
@@ -461,10 +394,8 @@ class DedupTask(AsyncTaskiqDecoratedTask[P, R]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from .middleware import DedupMiddleware
-
         for middleware in self.broker.middlewares:
-            if isinstance(middleware, DedupMiddleware):
+            if isinstance(middleware, DedupState):
                 middleware.policies.check(self)
 
     def kicker(self) -> DedupKicker[P, R]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from taskiq.kicker import AsyncKicker
 from taskiq.message import TaskiqMessage
@@ -37,16 +37,14 @@ from .options import (
     task_function,
     task_limits,
 )
-from .producer import PASS_THROUGH, load_call
-
-if TYPE_CHECKING:
-    from .middleware import DedupMiddleware
+from .sends import PASS_THROUGH, load_call
+from .state import DedupState
 
 log = logging.getLogger("taskdedup")
 _NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
 
-async def free_slot(mw: DedupMiddleware, scope: str, job_id: str) -> None:
+async def free_slot(mw: DedupState, scope: str, job_id: str) -> None:
     """Give back ``job_id``'s slot of ``scope`` (if the store is down it lapses by itself)."""
     try:
         await mw.reservations.arelease(scope, job_id)
@@ -57,7 +55,7 @@ async def free_slot(mw: DedupMiddleware, scope: str, job_id: str) -> None:
 class Resender:
     """The worker's own sends, for the deliveries of one broker's worker."""
 
-    def __init__(self, middleware: DedupMiddleware) -> None:
+    def __init__(self, middleware: DedupState) -> None:
         self.mw = middleware
         self._later: set[asyncio.Task[None]] = set()  # copies waiting to be sent again
         self._stopping = False

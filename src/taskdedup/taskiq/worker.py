@@ -22,7 +22,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from taskiq.decor import AsyncTaskiqDecoratedTask
 from taskiq.exceptions import NoResultError
@@ -48,11 +48,9 @@ from .options import (
     set_label,
     task_limits,
 )
-from .producer import queue_of
 from .resend import Resender, free_slot
-
-if TYPE_CHECKING:
-    from .middleware import DedupMiddleware
+from .sends import queue_of
+from .state import DedupState
 
 log = logging.getLogger("taskdedup")
 
@@ -132,7 +130,7 @@ class Run:
 class Worker:
     """Claim, heartbeat, retry and finish for the deliveries of one broker's worker."""
 
-    def __init__(self, middleware: DedupMiddleware) -> None:
+    def __init__(self, middleware: DedupState) -> None:
         self.mw = middleware
         self.runs: dict[tuple[str, int], Run] = {}
         self.slots: dict[tuple[str, int], list[Any]] = {}  # [slot lease, retried]

@@ -1,0 +1,95 @@
+"""What the two sides of one taskiq broker share: the settings, the store, the Deduplicator
+and the declared policies. ``DedupMiddleware`` adds the producer and the worker on top.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+from urllib.parse import quote
+
+from taskiq.abc.middleware import TaskiqMiddleware
+
+from ..core import Deduplicator
+from ..errors import ConfigError
+from ..idempotency import IdempotencyKeys
+from ..reservations import ReservationGuard
+from ..settings import Settings
+from ..stores import MemoryStore, RedisStore, Store
+from .options import Policies
+
+
+class DedupState(TaskiqMiddleware):
+    """What both sides of one broker share: settings, store, Deduplicator, policies.
+
+    ``store_or_url``: a :class:`~taskdedup.Store`, or a store URL (``redis://...``,
+    ``memory://``); by default ``TASKDEDUP_URL``, else the broker's own Redis (taskiq-redis
+    brokers), else an in-memory store for ``InMemoryBroker``. ``settings`` are the
+    :class:`~taskdedup.Settings` fields (``enabled``, ``dry_run``, ``default_ttl``, ...);
+    ``TASKDEDUP_*`` environment variables win over them.
+    """
+
+    def __init__(self, store_or_url: Store | str | None = None, **settings: Any) -> None:
+        super().__init__()
+        values = dict(settings)
+        if isinstance(store_or_url, str):
+            values.setdefault("url", store_or_url)
+        self.settings = Settings.load(values)
+        self._store = store_or_url if isinstance(store_or_url, Store) else None
+        self._dedup: Deduplicator | None = None
+        self.policies = Policies(self.settings)
+
+    def retried(self, job_id: str, attempt: int) -> None:
+        """The producer side saw a retry of ``job_id`` sent after ``attempt`` failed."""
+
+    @functools.cached_property
+    def idempotency(self) -> IdempotencyKeys:
+        return IdempotencyKeys(self.dedup)
+
+    @functools.cached_property
+    def reservations(self) -> ReservationGuard:
+        settings = self.dedup.settings
+        return ReservationGuard(
+            self.dedup.store, enabled=settings.enabled, dry_run=settings.dry_run
+        )
+
+    @property
+    def dedup(self) -> Deduplicator:
+        """The Deduplicator, made on first use (so a bad URL fails where it is used)."""
+        if self._dedup is None:
+            self._dedup = Deduplicator(self._store or self._default_store(), self.settings)
+        return self._dedup
+
+    def _default_store(self) -> Store:
+        url, prefix = self.settings.url, self.settings.key_prefix
+        if url is not None:
+            if url.startswith("memory://"):
+                return MemoryStore(key_prefix=prefix)
+            return RedisStore.from_url(url, key_prefix=prefix)
+        pool = getattr(self.broker, "connection_pool", None)
+        if pool is not None and type(pool).__module__.startswith("redis.asyncio"):
+            return RedisStore.from_url(_url_of(pool), key_prefix=prefix)
+        from taskiq import InMemoryBroker
+
+        if isinstance(self.broker, InMemoryBroker):
+            return MemoryStore(key_prefix=prefix)
+        raise ConfigError(
+            f"taskdedup needs a store and the broker ({type(self.broker).__name__}) is not "
+            "a taskiq-redis one: pass DedupMiddleware('redis://...') or set TASKDEDUP_URL "
+            "(or memory:// for a single process)"
+        )
+
+
+def _url_of(pool: Any) -> str:
+    """The URL of a taskiq-redis broker's server (the broker keeps only its pool's settings)."""
+    kw = pool.connection_kwargs
+    auth = ""
+    if kw.get("password"):
+        auth = f"{quote(kw.get('username') or '')}:{quote(kw['password'])}@"
+    elif kw.get("username"):
+        auth = f"{quote(kw['username'])}@"
+    db = int(kw.get("db") or 0)
+    if kw.get("path"):
+        return f"unix://{auth}{kw['path']}?db={db}"
+    scheme = "rediss" if "SSL" in pool.connection_class.__name__ else "redis"
+    return f"{scheme}://{auth}{kw.get('host') or 'localhost'}:{kw.get('port') or 6379}/{db}"

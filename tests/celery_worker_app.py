@@ -36,6 +36,7 @@ app.conf.update(
     taskdedup_on_store_error=os.environ.get("TD_ON_STORE_ERROR") or "enqueue",
     broker_heartbeat=0,
     taskdedup_default_lease=2,  # the slot lease of capped_job
+    taskdedup_grace=float(os.environ.get("TD_GRACE", "60")),
 )
 install(app)
 marks = redis.Redis.from_url(URL)
@@ -121,6 +122,39 @@ def retried_late_job(self: object, name: str, seconds: float) -> str:
     if attempt == 0:
         time.sleep(seconds)
     record_run(name, f"{request.id}/{attempt}", None, "end")
+    if attempt == 0:
+        raise Flaky(name)
+    return name
+
+
+@signals.before_task_publish.connect
+def die_while_sending_a_retry(sender: object = None, headers: object = None, **_: object) -> None:
+    """kill -9 of the pool process that sends the first retry of killed_at_retry: after the
+    store kept the lock for that retry, before the retry is in the broker."""
+    retries = (headers or {}).get("retries") if isinstance(headers, dict) else None
+    if (
+        sender == "sub.killed_at_retry"
+        and retries
+        and marks.set(f"{PREFIX}:mark:killed_at_retry", 1, nx=True, ex=600)
+    ):
+        os.kill(os.getpid(), 9)
+
+
+@deduplicate("until_executed", lease=1, keys=["name"])
+@app.task(
+    name="sub.killed_at_retry",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    bind=True,
+    shared=False,
+    autoretry_for=(Flaky,),
+    retry_kwargs={"countdown": 1, "max_retries": 3},
+)
+def killed_at_retry(self: object, name: str) -> str:
+    """Attempt 0 fails at once; its process dies sending the retry (the first time)."""
+    request = self.request  # type: ignore[attr-defined]
+    attempt = request.retries or 0
+    record_run(name, f"{request.id}/{attempt}", None, "start")
     if attempt == 0:
         raise Flaky(name)
     return name

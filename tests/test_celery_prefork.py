@@ -146,6 +146,22 @@ def test_a_redelivered_copy_of_an_attempt_that_was_retried_does_not_run_beside_t
     assert events == ["start", "end", "start", "end"], log  # never two at once
 
 
+def test_a_worker_killed_while_sending_a_retry_loses_no_job_and_strands_no_key(
+    worker_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    """kill -9 between the store's answer to the retry (the lock kept for it) and its publish:
+    the broker delivers attempt 0 again (reject_on_worker_lost). That retry never went out, so
+    once its grace passed unconfirmed the copy runs: the job ends, and is not stuck behind a
+    retry that does not exist for the whole ttl."""
+    worker = start(TD_GRACE="3")
+    job = worker_env.killed_at_retry.delay("lost-retry")
+    assert job.get(timeout=60) == "lost-retry"
+    assert worker.mark("killed_at_retry"), "the pool process was not killed at the retry"
+    log = worker.client.lrange(f"{worker.prefix}:mark:log:lost-retry", 0, -1)
+    starts = [line.decode().split()[1] for line in log]
+    assert starts.count(f"{job.id}/0") == 2 and starts[-1].endswith("/1"), starts
+
+
 def test_acks_late_copy_takes_over_after_the_lease_when_the_holder_died(
     worker_env: Any, start: Callable[..., WorkerProcess]
 ) -> None:

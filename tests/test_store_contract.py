@@ -263,6 +263,31 @@ def test_a_copy_of_an_attempt_that_asked_for_a_retry_waits_for_that_retry(h: Har
         assert h.store.run(claim(k, "A", mode, attempt=0, owner="w2")).outcome == "done"
 
 
+def test_a_retry_confirmed_keeps_its_lock_and_copies_wait_one_never_sent_frees_both(
+    h: Harness,
+) -> None:
+    """The retry's publish is confirmed as a fresh lock's is (G11). Confirmed: the lock lives
+    its ttl and a copy of the failed attempt keeps waiting. Never confirmed (the worker died
+    between the store's answer and the publish): after the grace the lock is free and the
+    copy runs, so the job is neither lost nor stuck for the ttl."""
+    sent, lost = new_key(), new_key()
+    for k in (sent, lost):
+        h.store.run(acquire(k, "A"))
+        assert h.store.run(claim(k, "A", attempt=0)).outcome == "run"
+        assert h.store.run(Retry(k, "A", HOUR, attempt=0, grace_ms=2_000))
+    assert h.store.run(Confirm(((sent, "A"),))) == 1
+
+    def after_grace() -> bool:
+        info = h.store.run(Inspect(lost))
+        return info is None or info.job_id != "A"
+
+    h.after(2, after_grace)
+    confirmed = h.store.run(Inspect(sent))
+    assert confirmed is not None and confirmed.state == "queued" and confirmed.ttl_ms > 60_000
+    assert h.store.run(claim(sent, "A", attempt=0, owner="w2")).outcome == "running"
+    assert h.store.run(claim(lost, "A", attempt=0, owner="w2")).outcome == "run"
+
+
 def test_reschedule_once_hands_the_lock_to_one_new_job_with_the_latest_payload(h: Harness) -> None:
     k = new_key()
     h.store.run(acquire(k, "A"))

@@ -303,7 +303,9 @@ class Deduplicator(Runner):
         """The job will run again under the same id: keep its lock, now QUEUED (G6)."""
         if not self.active(policy.task):  # the kill switch: no store command at all (G16)
             return False
-        return self._run(plan_retry(policy, key, job_id, delay, attempt, note=self.note))
+        return self._run(
+            plan_retry(self.settings, policy, key, job_id, delay, attempt, note=self.note)
+        )
 
     async def aretry(
         self,
@@ -316,7 +318,9 @@ class Deduplicator(Runner):
     ) -> bool:
         if not self.active(policy.task):
             return False
-        return await self._arun(plan_retry(policy, key, job_id, delay, attempt, note=self.note))
+        return await self._arun(
+            plan_retry(self.settings, policy, key, job_id, delay, attempt, note=self.note)
+        )
 
     def finish(
         self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None

@@ -163,14 +163,17 @@ class Publisher:
         kwargs: Any,
         options: dict[str, Any],
     ) -> Any:
-        """A retry keeps its lock and its slot under the same id (G6)."""
+        """A retry keeps its lock and its slot under the same id (G6); once it is published,
+        its lock and its job's record learn so (G11)."""
         headers = options.get("headers") or {}
         job_id, delay = options["task_id"], delay_of(options)
+        sent: Ticket | None = None
         if policy is not None:
             queue = queue_of(task, options)
             key = headers.get(KEY_HEADER) or policy.key_for(args or (), kwargs or {}, queue)
             attempt = (options.get("retries") or 1) - 1
             self.integration.dedup.retry(policy, key, job_id, delay=delay, attempt=attempt)
+            sent = Ticket("acquired", job_id, key, confirm=True)
             add_key(key, options)
         scope = headers.get(SCOPE_HEADER)
         if limits is not None and scope:  # held again until the retry starts
@@ -179,7 +182,10 @@ class Publisher:
                 self.integration.reservations.reserve(
                     scope, limits.max_concurrent, ttl, member=job_id
                 )
-        return self.original(name, args, kwargs, **options)
+        result = self.original(name, args, kwargs, **options)
+        if sent is not None:
+            self.integration.dedup.published(sent)
+        return result
 
     def wrap_apply_async(self, task: Any) -> None:
         """Let a plain call of a key seen held lately ask the store before Celery prepares a

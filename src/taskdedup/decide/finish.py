@@ -30,10 +30,19 @@ def plan_heartbeat(batch: tuple[Lease, ...], *, note: Notes) -> Step[tuple[bool,
 
 
 def plan_retry(
-    tp: TaskPolicy, key: str, job_id: str, delay: float, attempt: int | None, *, note: Notes
+    settings: Settings,
+    tp: TaskPolicy,
+    key: str,
+    job_id: str,
+    delay: float,
+    attempt: int | None,
+    *,
+    note: Notes,
 ) -> Step[bool]:
-    """The job will run again under the same id: keep its lock, now QUEUED (G6)."""
-    op = Retry(key, job_id, ms(tp.policy.ttl_seconds + max(delay, 0.0)), attempt)
+    """The job will run again under the same id: keep its lock, now QUEUED (G6), until the
+    retry's publish is confirmed for ``grace`` (G11)."""
+    ttl = ms(tp.policy.ttl_seconds + max(delay, 0.0))
+    op = Retry(key, job_id, ttl, attempt, grace_ms=min(ms(settings.grace), ttl))
 
     def done(kept: bool) -> bool:
         outcome = "kept" if kept else "unlocked"

@@ -183,12 +183,19 @@ class Heartbeat(Op[tuple[bool, ...]]):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Retry(Op[bool]):
-    """RUNNING(job) -> QUEUED(job): the retry keeps the lock; answers whether it was held."""
+    """RUNNING(job) -> QUEUED(job): the retry keeps the lock; answers whether it was held.
+
+    Sent before the retry is published, so the lock and the job's record wait for the
+    publish's confirmation (:class:`Confirm`) for ``grace_ms``, as a fresh lock does (G11):
+    until then, or once confirmed, a copy of an earlier attempt waits for that retry; a retry
+    never confirmed (its worker died before it went out) lets the copy run, and its lock lapses.
+    """
 
     key: str
     job_id: str
     ttl_ms: int
     attempt: int | None = None
+    grace_ms: int = 60_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -218,7 +225,8 @@ class Release(Op[bool]):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Confirm(Op[int]):
-    """Extend freshly published locks from their grace to their ttl (G11), in one batch."""
+    """Extend freshly published locks from their grace to their ttl (G11), in one batch; a
+    retried job's record learns that its retry went out."""
 
     items: tuple[tuple[str, str], ...]  # (key, job_id)
 

@@ -208,10 +208,13 @@ class MemoryStore(Store):
                 self._release_locks(op.key, op.job_id, now)
                 return ClaimReply("done", rec["f"], rec["a"], rec["o"])
             attempts = rec["a"] + 1
-            retried = rec["s"] == "q" and rec["n"] is not None
+            # a copy of an attempt that asked for a retry, and that retry went out (or may
+            # still): it is the job's next run; this copy waits (dropped once the job is
+            # done). A retry never confirmed within the grace never went out: this one runs.
+            retried = (
+                rec["s"] == "q" and rec["n"] is not None and (rec.get("c", 1) or rec["u"] > now)
+            )
             if retried and op.attempt is not None and op.attempt <= rec["n"]:
-                # a copy of an attempt that asked for a retry: that retry is the job's next
-                # run; this copy waits (and is dropped once the job is done)
                 return ClaimReply("running", rec["f"], rec["a"], rec["o"])
             if rec["s"] == "r":
                 newer = op.attempt is not None and rec["n"] is not None and op.attempt > rec["n"]
@@ -317,8 +320,9 @@ class MemoryStore(Store):
         rec = self._get(job_name, now)
         if self._stale(rec, op.attempt):
             return False
-        if rec is not None:
-            rec["s"] = "q"
+        grace = min(op.grace_ms, op.ttl_ms)
+        if rec is not None:  # it waits for the retry's publish to be confirmed (G11)
+            rec.update(s="q", c=0, u=now + grace)
             self._expire(job_name, now + op.ttl_ms)
         run_name = self._name(op.key, "run")
         running = self._get(run_name, now)
@@ -328,9 +332,8 @@ class MemoryStore(Store):
         lock = self._get(lock_name, now)
         if lock is None or lock["j"] != op.job_id:
             return False
-        lock["s"] = "q"
-        lock["e"] = now + op.ttl_ms
-        self._expire(lock_name, now + op.ttl_ms)
+        lock.update(s="q", e=now + op.ttl_ms, c=0)
+        self._expire(lock_name, now + grace)
         return True
 
     def _finish(self, op: Finish, now: int) -> FinishReply:
@@ -394,6 +397,9 @@ class MemoryStore(Store):
     def _confirm(self, op: Confirm, now: int) -> int:
         confirmed = 0
         for key, job_id in op.items:
+            rec = self._get(self._name(key, "job:" + job_id), now)
+            if rec is not None and rec["s"] == "q":  # its retry went out
+                rec["c"] = 1
             name = self._name(key, "lock")
             lock = self._get(name, now)
             if lock is not None and lock["j"] == job_id and lock["s"] == "q" and not lock["c"]:

@@ -156,7 +156,7 @@ class ScriptCalls:
         return ScriptCall(
             "retry",
             self.names(op.key, "lock", "run", "job:" + op.job_id),
-            [op.job_id, op.ttl_ms, _opt(op.attempt)],
+            [op.job_id, op.ttl_ms, _opt(op.attempt), op.grace_ms],
             lambda r: bool(int(r)),
         )
 
@@ -257,7 +257,7 @@ class ScriptCalls:
 
     def confirm_calls(self, op: Confirm) -> list[ScriptCall]:
         return [
-            ScriptCall("confirm", self.names(key, "lock"), [job_id], lambda r: int(r))
+            ScriptCall("confirm", self.names(key, "lock", "job:" + job_id), [job_id], int)
             for key, job_id in op.items
         ]
 

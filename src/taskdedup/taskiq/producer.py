@@ -205,7 +205,8 @@ class Producer:
                 policy, key, message.task_id, delay=delay, attempt=retries - 1
             )
             set_label(message, KEY_LABEL, key, parsed=False)
-            decision.ticket = Ticket("acquired", message.task_id, key)
+            # confirmed once the kick sent it (G11); a failed kick gives the lock back
+            decision.ticket = Ticket("acquired", message.task_id, key, confirm=True)
         scope = label(message, SCOPE_LABEL)
         if limits is not None and scope:  # held again until the retry starts
             with contextlib.suppress(QuotaExceeded, StoreUnavailable):

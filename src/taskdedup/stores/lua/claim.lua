@@ -8,7 +8,7 @@
 local job, owner = ARGV[1], ARGV[2]
 local lease, ttl, memory = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local now = now_ms()
-local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f', 'k')
+local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f', 'k', 'c')
 local attempts = 1
 if rec[1] then
   if rec[1] == 'd' then  -- a finished job holds nothing: free what a late re-send took
@@ -18,10 +18,11 @@ if rec[1] then
   end
   attempts = tonumber(rec[4]) + 1
   if rec[1] == 'q' and ARGV[8] ~= '' and rec[5] and rec[5] ~= '' and
-      tonumber(ARGV[8]) <= tonumber(rec[5]) then
+      tonumber(ARGV[8]) <= tonumber(rec[5]) and (rec[8] ~= '0' or tonumber(rec[3] or 0) > now) then
     -- a copy of an attempt that already ended asking for a retry (the broker delivered it
-    -- again while it ran): that retry is the job's next run; this copy waits, and is dropped
-    -- once the job is done
+    -- again while it ran), and that retry went out (or may still): it is the job's next run;
+    -- this copy waits, and is dropped once the job is done. A retry never confirmed within
+    -- the grace never went out (its worker died first): then this copy runs.
     return {'running', rec[6], rec[4], rec[2]}
   end
   if rec[1] == 'r' then

@@ -20,6 +20,7 @@ from taskdedup.stores.base import (
     ForceUnlock,
     Heartbeat,
     Inspect,
+    JobState,
     Lease,
     ListScopes,
     ListSlots,
@@ -286,6 +287,22 @@ def test_a_retry_confirmed_keeps_its_lock_and_copies_wait_one_never_sent_frees_b
     assert confirmed is not None and confirmed.state == "queued" and confirmed.ttl_ms > 60_000
     assert h.store.run(claim(sent, "A", attempt=0, owner="w2")).outcome == "running"
     assert h.store.run(claim(lost, "A", attempt=0, owner="w2")).outcome == "run"
+
+
+def test_a_jobs_record_says_running_queued_finished_or_none(h: Harness) -> None:
+    k, lapsed = new_key(), new_key()
+    assert h.store.run(JobState(k, "A")) == "none"
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", attempt=0))
+    assert h.store.run(JobState(k, "A")) == "running"
+    h.store.run(Retry(k, "A", HOUR, attempt=0))
+    assert h.store.run(JobState(k, "A")) == "queued"
+    h.store.run(claim(k, "A", attempt=1))
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1))
+    assert h.store.run(JobState(k, "A")) == "finished"
+    h.store.run(acquire(lapsed, "B"))
+    h.store.run(claim(lapsed, "B", lease_ms=1_000))
+    h.after(1, lambda: h.store.run(JobState(lapsed, "B")) == "none")  # its worker died
 
 
 def test_reschedule_once_hands_the_lock_to_one_new_job_with_the_latest_payload(h: Harness) -> None:

@@ -38,9 +38,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 
 from ..errors import StoreUnavailable
-from ..stores.base import Inspect, Store
-from ..stores.memory import MemoryStore
-from ..stores.redis import RedisStore
+from ..stores.base import Inspect, JobState, Store
 from .messages import queue_of
 from .state import CeleryDedup
 
@@ -55,7 +53,7 @@ MIN_PATIENCE = 2.0  # seconds a holder may look gone before the follower stops w
 
 #: What the job record of a holder says: running under a live lease, finished, no record, or
 #: the store could not say.
-Record = Literal["running", "finished", "none", "unknown"]
+Record = Literal["running", "queued", "finished", "none", "unknown"]
 
 #: Options of the duplicate's publish the follower must not take over (its own are set here).
 #: ``expires`` is the duplicate's own deadline to start; the follower waits for a holder that
@@ -71,11 +69,6 @@ _NOT_FOLLOWED = (
 )
 
 #: Reads ``HMGET s u`` of a job record and the server's clock in ms (one key: Cluster-safe).
-_RECORD_SCRIPT = """
-local r = redis.call('HMGET', KEYS[1], 's', 'u')
-local t = redis.call('TIME')
-return {r[1], r[2], tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))}
-"""
 
 
 def continues(options: dict[str, Any]) -> bool:
@@ -271,32 +264,9 @@ class Follower:
 def job_record(store: Store, key: str, job_id: str) -> Record:
     """What the store's record of ``job_id`` under ``key`` says (written at claim, renewed by
     heartbeats, marked finished at finish). "unknown" only when the store could not answer
-    (keep waiting); a store that keeps no such record answers "none", so the follower's
-    patience, not a record, decides, and it never waits forever."""
-    if isinstance(store, RedisStore):
-        name = store.calls.names(key, "job:" + job_id)[0]
-        try:
-            status, until, now = store.client.eval(_RECORD_SCRIPT, 1, name)
-        except Exception:  # an outage or a script error: cannot tell
-            return "unknown"
-        return _read_record(status, until, int(now))
-    if isinstance(store, MemoryStore):
-        with store._mutex:
-            now = store._now()
-            rec = store._get(store._name(key, "job:" + job_id), now)
-        if rec is None:
-            return "none"
-        return _read_record(rec.get("s"), rec.get("u"), now)
-    return "none"
-
-
-def _read_record(status: Any, until: Any, now: int) -> Record:
-    if isinstance(status, bytes):
-        status = status.decode()
-    if status is None:
-        return "none"
-    if status == "d":
-        return "finished"
-    if status == "r" and until is not None and int(until) > now:
-        return "running"
-    return "none"  # running under a lapsed lease: the worker died
+    (keep waiting); no record answers "none", so the follower's patience, not a record,
+    decides, and it never waits forever."""
+    try:
+        return store.run(JobState(key, job_id))
+    except StoreUnavailable:
+        return "unknown"

@@ -40,6 +40,29 @@ from .state import CeleryDedup
 from .tasks import task_limits, task_policy
 
 
+def plan_call(
+    integ: CeleryDedup, task: Any, policy: TaskPolicy, args: Any, kwargs: Any, options: Any
+) -> tuple[str, Ticket | Step[Ticket]]:
+    """The call's job id (set in ``options``) and its enqueue decision, planned."""
+    job_id = options.get("task_id") or uuid()
+    options["task_id"] = job_id
+    payload = None
+    if policy.policy.on_conflict == "reschedule_once":
+        serializer = options.get("serializer") or task.serializer
+        payload = dump_call(args or (), kwargs or {}, serializer)
+    plan = integ.dedup.plan_enqueue(
+        policy,
+        args or (),
+        kwargs or {},
+        job_id,
+        queue=queue_of(task, options),
+        delay=delay_of(options),
+        payload=payload,
+        expires_in=expires_in_of(options),
+    )
+    return job_id, plan
+
+
 class Publisher:
     """Wraps ``app.send_task`` of one app."""
 
@@ -83,7 +106,7 @@ class Publisher:
             )
         assert policy is not None
         dedup = integ.dedup
-        job_id, plan = self._plan(task, policy, args, kwargs, options)
+        job_id, plan = plan_call(integ, task, policy, args, kwargs, options)
         if isinstance(plan, Step) and self._fusable(plan):
             return self._publish_fused(plan, job_id, name, args, kwargs, options)
         ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)
@@ -91,28 +114,6 @@ class Publisher:
         if ticket.deduplicated:
             return self._holder(ticket, options)
         return self._publish(ticket, name, args, kwargs, options)
-
-    def _plan(
-        self, task: Any, policy: TaskPolicy, args: Any, kwargs: Any, options: Any
-    ) -> tuple[str, Ticket | Step[Ticket]]:
-        """The call's job id (set in ``options``) and its enqueue decision, planned."""
-        job_id = options.get("task_id") or uuid()
-        options["task_id"] = job_id
-        payload = None
-        if policy.policy.on_conflict == "reschedule_once":
-            serializer = options.get("serializer") or task.serializer
-            payload = dump_call(args or (), kwargs or {}, serializer)
-        plan = self.integration.dedup.plan_enqueue(
-            policy,
-            args or (),
-            kwargs or {},
-            job_id,
-            queue=queue_of(task, options),
-            delay=delay_of(options),
-            payload=payload,
-            expires_in=expires_in_of(options),
-        )
-        return job_id, plan
 
     def _publish_member(
         self, task: Any, policy: TaskPolicy, name: str, args: Any, kwargs: Any, options: Any
@@ -124,7 +125,7 @@ class Publisher:
         if not results_kept(integ, task):
             return self.original(name, args, kwargs, **options)
         dedup = integ.dedup
-        job_id, plan = self._plan(task, policy, args, kwargs, options)
+        job_id, plan = plan_call(integ, task, policy, args, kwargs, options)
         try:
             ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)
         except DuplicateJob as dup:  # on_conflict="raise" would cut the canvas: follow instead

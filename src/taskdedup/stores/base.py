@@ -35,6 +35,7 @@ R = TypeVar("R")
 LockMode = Literal["release", "hold", "none"]
 ClaimOutcome = Literal["run", "running", "done", "busy", "exhausted"]
 LockState = Literal["queued", "running", "throttled"]
+JobStatus = Literal["running", "queued", "finished", "none"]
 
 
 class Op(Generic[R]):
@@ -292,6 +293,15 @@ class ListScopes(Op[list[str]]):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Inspect(Op["LockInfo | None"]):
     key: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobState(Op[JobStatus]):
+    """What the record of ``job_id`` under ``key`` says: running under a live lease, queued
+    for its retry, finished, or none (no record, or a run whose lease lapsed)."""
+
+    key: str
+    job_id: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,6 +27,8 @@ from .base import (
     Handoff,
     Heartbeat,
     Inspect,
+    JobState,
+    JobStatus,
     Lease,
     ListScopes,
     ListSlots,
@@ -86,6 +88,7 @@ class MemoryStore(Store):
             Release: self._release,
             Confirm: self._confirm,
             Inspect: self._inspect,
+            JobState: self._job_state,
             Scan: self._scan,
             ForceUnlock: self._force_unlock,
             Remember: self._remember,
@@ -407,6 +410,14 @@ class MemoryStore(Store):
                 self._expire(name, lock["e"])
                 confirmed += 1
         return confirmed
+
+    def _job_state(self, op: JobState, now: int) -> JobStatus:
+        rec = self._get(self._name(op.key, "job:" + op.job_id), now)
+        if rec is None:
+            return "none"
+        if rec["s"] in ("d", "q"):
+            return "finished" if rec["s"] == "d" else "queued"
+        return "running" if rec["s"] == "r" and rec["u"] > now else "none"
 
     def _info(self, key: str, now: int) -> LockInfo | None:
         lock = self._get(self._name(key, "lock"), now)

@@ -25,6 +25,7 @@ from .base import (
     Handoff,
     Heartbeat,
     Inspect,
+    JobState,
     Lease,
     ListSlots,
     LockInfo,
@@ -51,6 +52,7 @@ SCRIPTS = (
     "release",
     "confirm",
     "inspect",
+    "job_state",
     "remember",
     "reserve",
     "consume",
@@ -105,6 +107,7 @@ class ScriptCalls:
             Finish: self.finish,
             Release: self.release,
             Inspect: self.inspect,
+            JobState: self.job_state,
             Remember: self.remember,
             Reserve: self.reserve,
             Consume: self.consume,
@@ -191,6 +194,9 @@ class ScriptCalls:
             [],
             lambda r: parse_info(op.key, r),
         )
+
+    def job_state(self, op: JobState) -> ScriptCall:
+        return ScriptCall("job_state", self.names(op.key, "job:" + op.job_id), [], as_text)
 
     def remember(self, op: Remember) -> ScriptCall:
         return ScriptCall(

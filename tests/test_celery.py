@@ -791,3 +791,49 @@ def test_a_store_error_in_the_fused_push_follows_on_store_error(
     else:
         assert not notify.delay(1).deduplicated
         assert queue_length(app, redis_url, key_prefix) == 1
+
+
+FUSED_OFF = """
+import sys
+from celery import Celery
+from kombu.transport import redis as kombu_redis
+from taskdedup.celery import deduplicate, install
+
+url, prefix, fused = sys.argv[1], sys.argv[2], sys.argv[3] == "on"
+app = Celery(prefix, broker=url, set_as_current=False)
+app.conf.update(
+    broker_transport_options={"global_keyprefix": f"{prefix}:kombu:"},
+    task_default_queue=f"{prefix}-q",
+    taskdedup_key_prefix=prefix,
+    taskdedup_fused_publish=fused,
+)
+integ = install(app)
+
+@deduplicate("until_executed")
+@app.task(shared=False)
+def notify(user: int) -> None: ...
+
+first, again = notify.delay(1), notify.delay(1)
+assert again.deduplicated and again.id == first.id, (first.id, again.id)
+assert integ.fused_publish is fused
+print(getattr(kombu_redis.Channel, "_taskdedup_hooked", False))
+"""
+
+
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_fused_publish_off_leaves_kombu_alone_and_still_deduplicates(
+    redis_url: str, key_prefix: str, fused: str
+) -> None:
+    """``fused_publish=False``: the store shares the broker's Redis, yet kombu's private
+    ``Channel._put`` is never hooked; the lock is taken, then the message published."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FUSED_OFF, redis_url, key_prefix, fused],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ("True" if fused == "on" else "False")

@@ -43,6 +43,10 @@ class Settings:
     reschedule_payload_limit: bytes of arguments a reschedule_once call may store with the
         lock (the latest duplicate's, for the run owed after the current one); a larger call
         raises PayloadTooLarge before anything is written; 0: no limit.
+    fused_publish: on a Redis broker whose server and database the store shares, take a fresh
+        key's lock in the broker's own push, one round trip (Celery: by hooking kombu's Redis
+        ``Channel._put``; taskiq-redis ListQueueBroker: in the kick). False: take the lock, then
+        publish, as on every other layout.
     """
 
     url: str | None = None
@@ -60,6 +64,7 @@ class Settings:
     idempotency_on_mismatch: OnMismatch = "raise"
     idempotency_wait: float = 5.0
     reschedule_payload_limit: int = 65536
+    fused_publish: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.disabled_tasks, str):
@@ -80,7 +85,7 @@ class Settings:
                 "idempotency_on_mismatch must be 'raise' or 'return', "
                 f"not {self.idempotency_on_mismatch!r}"
             )
-        for name in ("enabled", "dry_run"):
+        for name in ("enabled", "dry_run", "fused_publish"):
             object.__setattr__(self, name, _flag(name, getattr(self, name)))
         for name in _SECONDS:
             object.__setattr__(self, name, seconds(getattr(self, name), name=name))
@@ -149,7 +154,7 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def _parse(name: str, raw: str) -> Any:
-    if name in ("enabled", "dry_run"):
+    if name in ("enabled", "dry_run", "fused_publish"):
         try:
             return _flag(name, raw)
         except ConfigError:

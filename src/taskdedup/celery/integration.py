@@ -17,7 +17,6 @@ from ..errors import ConfigError
 from ..stores import Store
 from .beat import BeatSkips, hook_scheduler
 from .publish import Publisher
-from .redis_push import install_hooks
 from .revoke import install_revoke_command, on_received, on_revoked
 from .state import CeleryDedup, _installed, integration_for
 from .worker import Worker, wrap_task
@@ -42,7 +41,6 @@ def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedu
         )
     integ = CeleryDedup(app, store, settings)
     _installed[app] = integ
-    install_hooks()
     hook_scheduler(app, BeatSkips(integ))
     worker = Worker(integ)
     publisher = Publisher(integ, app.send_task)

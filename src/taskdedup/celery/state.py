@@ -21,6 +21,7 @@ from ..reservations import ReservationGuard
 from ..settings import Settings
 from ..stores import RedisStore, Store
 from .config import settings_from_app, store_for_app
+from .redis_push import install_hooks
 
 log = logging.getLogger("taskdedup")
 
@@ -101,18 +102,22 @@ class CeleryDedup:
     @property
     def fused_publish(self) -> bool:
         """Whether a fresh key's lock is taken in the broker's own push (one round trip):
-        the store was made from the broker's URL and the broker is kombu's Redis transport."""
+        ``fused_publish`` is on, the store was made from the broker's URL and the broker is
+        kombu's Redis transport. Only then is kombu's ``Channel._put`` hooked."""
         if self._fused is None:
             from kombu.transport.redis import Transport
 
             store = self.dedup.store
             self._fused = (
-                isinstance(store, RedisStore)
+                self.settings.fused_publish
+                and isinstance(store, RedisStore)
                 and store.url is not None
                 and store.url == self.app.conf.broker_url
                 and not self.settings.dry_run
                 and isinstance(self.app.connection_for_write().transport, Transport)
             )
+            if self._fused:
+                install_hooks()
         return self._fused
 
     @functools.cached_property

@@ -261,7 +261,10 @@ class Producer:
     def _fusable(self, policy: TaskPolicy) -> bool:
         """Whether the kick may take the lock in the push: a taskiq-redis ListQueueBroker on
         the store's own Redis."""
-        if policy.policy.on_conflict == "raise" or self.mw.settings.on_store_error == "raise":
+        settings = self.mw.settings
+        if not settings.fused_publish:
+            return False
+        if policy.policy.on_conflict == "raise" or settings.on_store_error == "raise":
             return False  # DuplicateJob and StoreUnavailable must leave pre_send as themselves:
             # taskiq turns an error of the kick into SendTaskError
         if self._fusable_broker is None:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from harness import Harness, MemoryHarness, RedisHarness
+from harness import Harness, MemoryHarness, RedisHarness, SqliteHarness
 from redis_server import (
     PrivateRedis,
     PrivateRedisError,
@@ -106,13 +106,16 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
         client.close()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "sqlite"])
 def h(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[Harness]:
-    """A store harness, once on MemoryStore and once on Redis; afterwards every record the
-    test wrote under its prefix must expire (G9)."""
+    """A store harness, on MemoryStore, on Redis, and on a SQLite store written on the record
+    seam (tests/sqlite_store.py); afterwards every record the test wrote under its prefix must
+    expire (G9)."""
     harness: Harness
     if request.param == "memory":
         harness = MemoryHarness(key_prefix)
+    elif request.param == "sqlite":
+        harness = SqliteHarness(key_prefix)
     else:
         harness = RedisHarness(request.getfixturevalue("redis_url"), key_prefix)
     yield harness

@@ -91,6 +91,21 @@ class MemoryHarness(Harness):
         return {name: self.memory.ttl_ms(name) for name in self.memory.names()}
 
 
+class SqliteHarness(MemoryHarness):
+    """The contract on a store written on the record seam by a user (tests/sqlite_store.py)."""
+
+    name = "sqlite"
+
+    def __init__(self, prefix: str) -> None:
+        from sqlite_store import SqliteStore
+
+        self.clock = FakeClock()
+        self.store = self.sqlite = SqliteStore(prefix, clock=self.clock)
+
+    def record_ttls(self) -> dict[str, int | None]:
+        return dict(self.sqlite.ttls())
+
+
 class RedisHarness(Harness):
     name = "redis"
 

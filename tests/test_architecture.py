@@ -36,10 +36,8 @@ NO_IO_IN_DECIDE = {"redis", "celery", "kombu", "taskiq", "threading", "asyncio",
 #: current size; the ones listed are still above the target and may only shrink.
 CLASS_LINES = 250
 CLASSES_ABOVE = {
-    "taskdedup.stores.memory.MemoryStore": 480,
     "taskdedup.stores.redis.RedisStore": 385,
     "taskdedup.celery.publish.Publisher": 270,
-    "taskdedup.taskiq.producer.Producer": 270,
 }
 ADAPTER_LINES = 700
 ADAPTERS_ABOVE = {"taskdedup.celery": 2230, "taskdedup.taskiq": 1740}
@@ -185,6 +183,13 @@ def test_adapter_packages_do_not_grow(package: str) -> None:
     folder = SRC / package.split(".")[1]
     lines = sum(len(p.read_text().splitlines()) for p in folder.glob("*.py"))
     assert lines <= ADAPTERS_ABOVE.get(package, ADAPTER_LINES)
+
+
+def test_a_store_on_the_record_seam_is_small() -> None:
+    """Issue 13: a new store needs at most 200 lines besides its scripts; the memory store
+    is one (its transitions are shared, in stores/transitions.py and stores/slots.py)."""
+    lines = len((SRC / "stores" / "memory.py").read_text().splitlines())
+    assert lines <= 200
 
 
 def test_import_taskdedup_loads_no_framework_and_no_redis() -> None:

@@ -307,6 +307,11 @@ class Deduplicator(Runner):
             plan_retry(self.settings, policy, key, job_id, delay, attempt, note=self.note)
         )
 
+    def retry_sent(self, policy: TaskPolicy, key: str, job_id: str) -> None:
+        """The retry :meth:`retry` kept the lock for is in the broker: confirm it (G11)."""
+        if self.active(policy.task):  # the kill switch: no store command at all (G16)
+            self.confirmer.add(key, job_id)
+
     async def aretry(
         self,
         policy: TaskPolicy,

@@ -168,13 +168,12 @@ class Publisher:
         its lock and its job's record learn so (G11)."""
         headers = options.get("headers") or {}
         job_id, delay = options["task_id"], delay_of(options)
-        sent: Ticket | None = None
+        dedup, key = self.integration.dedup, None
         if policy is not None:
             queue = queue_of(task, options)
             key = headers.get(KEY_HEADER) or policy.key_for(args or (), kwargs or {}, queue)
             attempt = (options.get("retries") or 1) - 1
-            self.integration.dedup.retry(policy, key, job_id, delay=delay, attempt=attempt)
-            sent = Ticket("acquired", job_id, key, confirm=True)
+            dedup.retry(policy, key, job_id, delay=delay, attempt=attempt)
             add_key(key, options)
         scope = headers.get(SCOPE_HEADER)
         if limits is not None and scope:  # held again until the retry starts
@@ -184,8 +183,8 @@ class Publisher:
                     scope, limits.max_concurrent, ttl, member=job_id
                 )
         result = self.original(name, args, kwargs, **options)
-        if sent is not None:
-            self.integration.dedup.published(sent)
+        if policy is not None and key is not None:
+            dedup.retry_sent(policy, key, job_id)
         return result
 
     def wrap_apply_async(self, task: Any) -> None:

@@ -70,6 +70,39 @@ R = TypeVar("R")
 Kick = Callable[[BrokerMessage], Awaitable[None]]
 
 
+async def keep_for_retry(
+    mw: DedupState,
+    policy: TaskPolicy | None,
+    limits: ReservePolicy | None,
+    message: TaskiqMessage,
+    retries: int,
+) -> None:
+    """A retry middleware re-sends the job under its id: it keeps its lock and slot (G6)."""
+    delay = float(label(message, "delay") or 0.0)
+    mw.retried(message.task_id, retries - 1)
+    # if the retry's send fails, its kick gives back the lock and slot kept for it
+    decision = Decision(message, message.task_id, message.task_id)
+    remember(decision)
+    if policy is not None:
+        key = label(message, KEY_LABEL) or policy.key_for(
+            message.args, message.kwargs, queue_of(mw.broker, message)
+        )
+        await mw.dedup.aretry(policy, key, message.task_id, delay=delay, attempt=retries - 1)
+        set_label(message, KEY_LABEL, key, parsed=False)
+        # confirmed once the kick sent it (G11); a failed kick gives the lock back
+        active = mw.dedup.active(policy.task)  # else no store command at all (G16)
+        decision.ticket = Ticket("acquired", message.task_id, key, confirm=active)
+    scope = label(message, SCOPE_LABEL)
+    if limits is not None and scope:  # held again until the retry starts
+        with contextlib.suppress(QuotaExceeded, StoreUnavailable):
+            await mw.reservations.areserve(
+                scope, limits.max_concurrent, limits.ttl_seconds + delay, member=message.task_id
+            )
+            decision.scope = scope
+    for name in (FENCE_LABEL, "taskdedup_attempt"):
+        message.labels.pop(name, None)
+
+
 class Producer:
     """``pre_send`` and the wrapped ``kick`` of one broker."""
 
@@ -118,7 +151,7 @@ class Producer:
                 del message.labels_types[name]  # type: ignore[union-attr]
         retries = int(label(message, RETRIES_LABEL) or 0)
         if retries > 0:
-            await self._retry(policy, limits, message, retries)
+            await keep_for_retry(self.mw, policy, limits, message, retries)
             return message
         if idempotency_key is not None or limits is not None:
             await guarded_pre_send(self, task, policy, limits, message)
@@ -184,39 +217,6 @@ class Producer:
             log.info("taskdedup: scheduled %s skipped: job %s holds it", message.task_name, dup)
             return Ticket("duplicate", dup.job_id, dup.key)
 
-    async def _retry(
-        self,
-        policy: TaskPolicy | None,
-        limits: ReservePolicy | None,
-        message: TaskiqMessage,
-        retries: int,
-    ) -> None:
-        """A retry middleware re-sends the job under its id: it keeps its lock and slot (G6)."""
-        delay = float(label(message, "delay") or 0.0)
-        self.mw.retried(message.task_id, retries - 1)
-        # if the retry's send fails, its kick gives back the lock and slot kept for it
-        decision = Decision(message, message.task_id, message.task_id)
-        remember(decision)
-        if policy is not None:
-            key = label(message, KEY_LABEL) or policy.key_for(
-                message.args, message.kwargs, queue_of(self.mw.broker, message)
-            )
-            await self.mw.dedup.aretry(
-                policy, key, message.task_id, delay=delay, attempt=retries - 1
-            )
-            set_label(message, KEY_LABEL, key, parsed=False)
-            # confirmed once the kick sent it (G11); a failed kick gives the lock back
-            decision.ticket = Ticket("acquired", message.task_id, key, confirm=True)
-        scope = label(message, SCOPE_LABEL)
-        if limits is not None and scope:  # held again until the retry starts
-            with contextlib.suppress(QuotaExceeded, StoreUnavailable):
-                await self.mw.reservations.areserve(
-                    scope, limits.max_concurrent, limits.ttl_seconds + delay, member=message.task_id
-                )
-                decision.scope = scope
-        for name in (FENCE_LABEL, "taskdedup_attempt"):
-            message.labels.pop(name, None)
-
     async def ask_first(self, kicker: AsyncKicker[Any, Any], args: Any, kwargs: Any) -> Any:
         """For a plain kick of a key seen held lately, the store's answer before taskiq builds
         a message: the holder's handle when it is still held, else None (the kick goes on)."""
@@ -262,11 +262,11 @@ class Producer:
         """Whether the kick may take the lock in the push: a taskiq-redis ListQueueBroker on
         the store's own Redis."""
         settings = self.mw.settings
-        if not settings.fused_publish:
-            return False
         if policy.policy.on_conflict == "raise" or settings.on_store_error == "raise":
             return False  # DuplicateJob and StoreUnavailable must leave pre_send as themselves:
             # taskiq turns an error of the kick into SendTaskError
+        if not settings.fused_publish:
+            return False
         if self._fusable_broker is None:
             broker, store = self.mw.broker, self.mw.dedup.store
             self._fusable_broker = (

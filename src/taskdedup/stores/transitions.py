@@ -1,0 +1,348 @@
+"""The lock's transitions on the record seam: one pure function per operation of the lock
+diagram, mirroring the Redis scripts in ``lua/`` record for record (the contract suite runs
+both). Each runs inside one transaction of ``Records``; time is ``records.now``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (
+    Acquire,
+    AcquireReply,
+    Claim,
+    ClaimReply,
+    Confirm,
+    Finish,
+    FinishReply,
+    ForceUnlock,
+    Handoff,
+    Heartbeat,
+    Inspect,
+    JobState,
+    JobStatus,
+    LockInfo,
+    LockState,
+    Peek,
+    Release,
+    Retry,
+    Scan,
+)
+from .records import Records
+from .slots import renew_slot
+
+_STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
+FENCE_KEEP_MS = 86_400_000
+
+
+def next_fence(r: Records, key: str, ttl_ms: int) -> int:
+    name = r.name(key, "fence")
+    rec = r.get(name)
+    fence = rec["v"] + 1 if rec else r.now * 1000
+    r.put(name, {"v": fence}, r.now + ttl_ms + FENCE_KEEP_MS)
+    return fence
+
+
+def hand_off(r: Records, key: str, lock: dict[str, Any], job: str, ttl: int, grace: int) -> Handoff:
+    payload = lock.get("p")
+    fence = next_fence(r, key, ttl)
+    r.put(
+        r.name(key, "lock"),
+        {"j": job, "s": "q", "f": fence, "d": 0, "e": r.now + ttl, "c": int(grace >= ttl)},
+        r.now + grace,
+    )
+    return Handoff(job, payload)
+
+
+def acquire(op: Acquire, r: Records) -> AcquireReply:
+    name = r.name(op.key, "lock")
+    lock = r.get(name)
+    if lock is not None and lock["j"] == op.job_id:  # the holder again: no change
+        return AcquireReply(True, op.job_id, lock["f"], lock["d"])
+    if lock is not None:
+        if op.record_duplicate:
+            lock["d"] += 1
+            if op.payload is not None:
+                lock["p"] = op.payload
+        return AcquireReply(
+            False, lock["j"], lock["f"], lock["d"], pending=lock["s"] == "q" and lock["c"] == 0
+        )
+    fence = next_fence(r, op.key, op.ttl_ms)
+    confirmed = 1 if op.grace_ms >= op.ttl_ms else 0
+    r.put(
+        name,
+        {"j": op.job_id, "s": "q", "f": fence, "d": 0, "e": r.now + op.ttl_ms, "c": confirmed},
+        r.now + min(op.grace_ms, op.ttl_ms),
+    )
+    return AcquireReply(True, op.job_id, fence, 0)
+
+
+def peek(op: Peek, r: Records) -> AcquireReply | None:
+    lock = r.get(r.name(op.key, "lock"))
+    if lock is None:
+        return None
+    if lock["s"] == "q" and lock["c"] == 0:
+        return AcquireReply(False, lock["j"], lock["f"], lock["d"], pending=True)
+    if op.record_duplicate:
+        lock["d"] += 1
+    return AcquireReply(False, lock["j"], lock["f"], lock["d"])
+
+
+def claim(op: Claim, r: Records) -> ClaimReply:
+    job_name = r.name(op.key, "job:" + op.job_id)
+    rec = r.get(job_name)
+    attempts = 1
+    if rec is not None:
+        if rec["s"] == "d":  # a finished job holds nothing: free what a late re-send took
+            release_locks(r, op.key, op.job_id)
+            return ClaimReply("done", rec["f"], rec["a"], rec["o"])
+        attempts = rec["a"] + 1
+        # a copy of an attempt that asked for a retry, and that retry went out (or may
+        # still): it is the job's next run; this copy waits (dropped once the job is
+        # done). A retry never confirmed within the grace never went out: this one runs.
+        retried = rec["s"] == "q" and rec["n"] is not None and (rec.get("c", 1) or rec["u"] > r.now)
+        if retried and op.attempt is not None and op.attempt <= rec["n"]:
+            return ClaimReply("running", rec["f"], rec["a"], rec["o"])
+        if rec["s"] == "r":
+            newer = op.attempt is not None and rec["n"] is not None and op.attempt > rec["n"]
+            lost = bool(rec.get("k")) and rec.get("k") in op.lost_claims
+            if lost:  # that claim's run never started: it was no attempt
+                attempts -= 1
+            if rec["u"] > r.now and not newer and not lost:
+                return ClaimReply("running", rec["f"], rec["a"], rec["o"])
+            if not newer and op.max_attempts and attempts > op.max_attempts:
+                rec["s"] = "d"
+                r.expire(job_name, r.now + op.memory_ms)
+                release_locks(r, op.key, op.job_id)
+                return ClaimReply("exhausted", rec["f"], rec["a"], rec["o"])
+    run_name = r.name(op.key, "run")
+    if op.run_lock:
+        running = r.get(run_name)
+        if running is not None and running["j"] != op.job_id:
+            return ClaimReply("busy", 0, attempts - 1, running["j"])
+    lock_name = r.name(op.key, "lock")
+    lock = r.get(lock_name)
+    fence: int | None = None
+    handoff: Handoff | None = None
+    if op.lock == "hold" and lock is not None and lock["j"] != op.job_id:
+        # another job's key: this copy is stale or was sent without a lock (G12)
+        if lock["s"] == "r":  # that job runs: wait for it to end
+            return ClaimReply("busy", 0, attempts - 1, lock["j"])
+        if lock["s"] == "q":  # it waits in the queue: run first; it will wait for us
+            fence = next_fence(r, op.key, op.ttl_ms)
+            lock.update(j=op.job_id, s="r", f=fence, c=1)
+            r.expire(lock_name, r.now + op.lease_ms)
+    if lock is not None and lock["j"] == op.job_id and fence is None:
+        fence = lock["f"]
+        if op.lock == "hold":
+            lock["s"], lock["c"] = "r", 1  # it was published: it runs
+            r.expire(lock_name, r.now + op.lease_ms)
+        elif op.lock == "release":
+            if lock["d"] > 0 and op.handoff_job_id:
+                handoff = hand_off(r, op.key, lock, op.handoff_job_id, op.ttl_ms, op.grace_ms)
+            else:
+                r.delete(lock_name)
+    elif lock is None and op.lock == "hold":
+        fence = next_fence(r, op.key, op.ttl_ms)
+        r.put(
+            lock_name,
+            {"j": op.job_id, "s": "r", "f": fence, "d": 0, "e": r.now + op.ttl_ms, "c": 1},
+            r.now + op.lease_ms,
+        )
+    if fence is None or op.run_lock:  # a run lock's token orders the runs (G3)
+        fence = next_fence(r, op.key, op.ttl_ms)
+    if op.run_lock:
+        r.put(run_name, {"j": op.job_id, "o": op.owner}, r.now + op.lease_ms)
+    r.put(
+        job_name,
+        {
+            "s": "r",
+            "o": op.owner,
+            "u": r.now + op.lease_ms,
+            "a": attempts,
+            "n": op.attempt,
+            "f": fence,
+            "m": op.memory_ms,
+            "k": op.nonce,
+        },
+        r.now + op.lease_ms + op.memory_ms,
+    )
+    return ClaimReply("run", fence, attempts, op.owner, handoff)
+
+
+def heartbeat(op: Heartbeat, r: Records) -> tuple[bool, ...]:
+    answers = []
+    for lease in op.leases:
+        if lease.slot:
+            answers.append(renew_slot(r, lease))
+            continue
+        alive = False
+        job_name = r.name(lease.key, "job:" + lease.job_id)
+        rec = r.get(job_name)
+        if rec is not None and rec["s"] == "r":
+            rec["u"] = r.now + lease.lease_ms
+            r.expire(job_name, r.now + lease.lease_ms + rec["m"])
+            alive = True
+        lock_name = r.name(lease.key, "lock")
+        lock = r.get(lock_name)
+        if lock is not None and lock["j"] == lease.job_id and lock["s"] == "r":
+            r.expire(lock_name, r.now + lease.lease_ms)
+            alive = True
+        run_name = r.name(lease.key, "run")
+        running = r.get(run_name)
+        if running is not None and running["j"] == lease.job_id:
+            r.expire(run_name, r.now + lease.lease_ms)
+            alive = True
+        answers.append(alive)
+    return tuple(answers)
+
+
+def stale(rec: dict[str, Any] | None, attempt: int | None) -> bool:
+    return rec is not None and attempt is not None and rec["n"] is not None and attempt < rec["n"]
+
+
+def retry(op: Retry, r: Records) -> bool:
+    job_name = r.name(op.key, "job:" + op.job_id)
+    rec = r.get(job_name)
+    if stale(rec, op.attempt):
+        return False
+    grace = min(op.grace_ms, op.ttl_ms)
+    if rec is not None:  # it waits for the retry's publish to be confirmed (G11)
+        rec.update(s="q", c=0, u=r.now + grace)
+        r.expire(job_name, r.now + op.ttl_ms)
+    run_name = r.name(op.key, "run")
+    running = r.get(run_name)
+    if running is not None and running["j"] == op.job_id:
+        r.delete(run_name)
+    lock_name = r.name(op.key, "lock")
+    lock = r.get(lock_name)
+    if lock is None or lock["j"] != op.job_id:
+        return False
+    lock.update(s="q", e=r.now + op.ttl_ms, c=0)
+    r.expire(lock_name, r.now + grace)
+    return True
+
+
+def finish(op: Finish, r: Records) -> FinishReply:
+    job_name = r.name(op.key, "job:" + op.job_id)
+    rec = r.get(job_name)
+    if stale(rec, op.attempt):
+        return FinishReply(False, None, stale=True)
+    if rec is not None:
+        rec["s"] = "d"
+        r.expire(job_name, r.now + op.memory_ms)
+    else:
+        r.put(
+            job_name,
+            {"s": "d", "o": "", "a": 1, "n": op.attempt, "f": 0, "m": 0},
+            r.now + op.memory_ms,
+        )
+    run_name = r.name(op.key, "run")
+    running = r.get(run_name)
+    if running is not None and running["j"] == op.job_id:
+        r.delete(run_name)
+    lock_name = r.name(op.key, "lock")
+    lock = r.get(lock_name)
+    if lock is None or lock["j"] != op.job_id:
+        return FinishReply(False)
+    if lock["d"] > 0 and op.handoff_job_id:
+        return FinishReply(
+            True, hand_off(r, op.key, lock, op.handoff_job_id, op.ttl_ms, op.grace_ms)
+        )
+    if op.throttle and lock["e"] > r.now:
+        lock["s"] = "t"
+        r.expire(lock_name, lock["e"])
+    else:
+        r.delete(lock_name)
+    return FinishReply(True)
+
+
+def release_locks(r: Records, key: str, job_id: str) -> bool:
+    released = False
+    for part in ("lock", "run"):
+        name = r.name(key, part)
+        rec = r.get(name)
+        if rec is not None and rec["j"] == job_id:
+            r.delete(name)
+            released = True
+    return released
+
+
+def release(op: Release, r: Records) -> bool:
+    if op.queued_only:
+        name = r.name(op.key, "lock")
+        lock = r.get(name)
+        if lock is None or lock["j"] != op.job_id or lock["s"] != "q":
+            return False
+        r.delete(name)
+        return True
+    lock = r.get(r.name(op.key, "lock"))
+    unconfirmed = lock is not None and lock["j"] == op.job_id and not lock["c"]
+    released = release_locks(r, op.key, op.job_id)
+    if unconfirmed:  # its token was never used: a failed publish leaves nothing behind
+        r.delete(r.name(op.key, "fence"))
+    return released
+
+
+def confirm(op: Confirm, r: Records) -> int:
+    confirmed = 0
+    for key, job_id in op.items:
+        rec = r.get(r.name(key, "job:" + job_id))
+        if rec is not None and rec["s"] == "q":  # its retry went out
+            rec["c"] = 1
+        name = r.name(key, "lock")
+        lock = r.get(name)
+        if lock is not None and lock["j"] == job_id and lock["s"] == "q" and not lock["c"]:
+            lock["c"] = 1
+            r.expire(name, lock["e"])
+            confirmed += 1
+    return confirmed
+
+
+def job_state(op: JobState, r: Records) -> JobStatus:
+    rec = r.get(r.name(op.key, "job:" + op.job_id))
+    if rec is None:
+        return "none"
+    if rec["s"] in ("d", "q"):
+        return "finished" if rec["s"] == "d" else "queued"
+    return "running" if rec["s"] == "r" and rec["u"] > r.now else "none"
+
+
+def info(r: Records, key: str) -> LockInfo | None:
+    lock = r.get(r.name(key, "lock"))
+    running = r.get(r.name(key, "run"))
+    if lock is None and running is None:
+        return None
+    run_job = running["j"] if running else None
+    if lock is None:
+        ttl = r.ttl(r.name(key, "run"))
+        return LockInfo(key, run_job or "", "running", 0, 0, ttl, True, run_job)
+    ttl = r.ttl(r.name(key, "lock"))
+    return LockInfo(
+        key, lock["j"], _STATES[lock["s"]], lock["f"], lock["d"], ttl, bool(lock["c"]), run_job
+    )
+
+
+def inspect(op: Inspect, r: Records) -> LockInfo | None:
+    return info(r, op.key)
+
+
+def scan(op: Scan, r: Records) -> list[LockInfo]:
+    head = r.prefix + ":{"
+    keys = []
+    for name in r.names():
+        if name.startswith(head) and name.endswith(("}:lock", "}:run")):
+            key = name[len(head) : name.rindex("}")]
+            if key not in keys:
+                keys.append(key)
+    found = [found for key in keys if (found := info(r, key)) is not None]
+    return found[: op.limit]
+
+
+def force_unlock(op: ForceUnlock, r: Records) -> bool:
+    removed = False
+    for part in ("lock", "run"):
+        name = r.name(op.key, part)
+        if r.get(name) is not None:
+            r.delete(name)
+            removed = True
+    return removed

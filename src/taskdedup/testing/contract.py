@@ -1,0 +1,667 @@
+"""The store contract: every arrow and every expiry of the lock diagram, on any store.
+
+Each scenario takes a ``h`` fixture: a :class:`~taskdedup.testing.harness.Harness` around the
+store under test. To hold a store of your own to the contract, import the scenarios into a test
+module and give them a harness::
+
+    import pytest
+    from taskdedup.testing.contract import *  # noqa: F403  (the scenarios)
+    from taskdedup.testing.harness import MemoryHarness, assert_records_expire
+
+    @pytest.fixture
+    def h():
+        harness = MemoryHarness("my-prefix")  # or a Harness subclass around your store
+        yield harness
+        assert_records_expire(harness)  # G9: every record the scenario wrote expires
+
+taskdedup's own suite runs them on the memory store, on Redis and on a SQLite store written on
+the record seam (tests/test_store_contract.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from ..idempotency import record_key
+from ..stores.base import (
+    Acquire,
+    Claim,
+    ClaimReply,
+    Confirm,
+    Consume,
+    Finish,
+    ForceUnlock,
+    Heartbeat,
+    Inspect,
+    JobState,
+    Lease,
+    ListScopes,
+    ListSlots,
+    Peek,
+    Release,
+    Remember,
+    Reserve,
+    Retry,
+    Scan,
+    Unreserve,
+)
+from .harness import Harness, race
+
+HOUR = 3_600_000
+
+
+def new_key() -> str:
+    return uuid.uuid4().hex
+
+
+def claim(key: str, job: str, mode: str = "hold", **kw: object) -> Claim:
+    args: dict[str, object] = {
+        "owner": "w1",
+        "lease_ms": 30_000,
+        "ttl_ms": HOUR,
+        "lock": mode,
+        "run_lock": False,
+        "memory_ms": HOUR,
+    }
+    args.update(kw)
+    return Claim(key, job, **args)  # type: ignore[arg-type]
+
+
+def acquire(key: str, job: str, ttl_ms: int = HOUR, **kw: object) -> Acquire:
+    return Acquire(key, job, ttl_ms, kw.pop("grace_ms", ttl_ms), **kw)  # type: ignore[arg-type]
+
+
+def test_acquire_then_duplicates_learn_the_holder(h: Harness) -> None:
+    k = new_key()
+    first = h.store.run(acquire(k, "A"))
+    assert first.acquired and first.holder == "A" and first.fence > 0
+    dup = h.store.run(acquire(k, "B"))
+    assert not dup.acquired and dup.holder == "A" and dup.fence == first.fence
+    assert h.store.run(acquire(k, "C")).duplicates == 2
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "A" and info.state == "queued"
+    assert info.duplicates == 2
+
+
+def test_hold_while_running_then_release_on_finish(h: Harness) -> None:
+    k = new_key()
+    fence = h.store.run(acquire(k, "A")).fence
+    got = h.store.run(claim(k, "A", "hold", lease_ms=5_000))
+    assert got.outcome == "run" and got.fence == fence and got.attempts == 1
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.state == "running" and info.ttl_ms <= 5_000
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    done = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    assert done.released and done.handoff is None
+    assert h.store.run(Inspect(k)) is None
+    assert h.store.run(acquire(k, "C")).acquired
+
+
+def test_until_executing_releases_at_start(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    assert h.store.run(claim(k, "A", "release")).outcome == "run"
+    assert h.store.run(Inspect(k)) is None
+    assert h.store.run(acquire(k, "B")).acquired
+
+
+def test_heartbeat_keeps_a_running_lock_past_its_lease(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", "hold", lease_ms=600))
+    for _ in range(4):
+        h.hold_for(0.3)
+        assert h.store.run(Heartbeat((Lease(k, "A", 600),))) == (True,)
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    # G4: heartbeats stop (the worker died): the key is free after the lease, not the ttl
+    h.after(0.6, lambda: h.store.run(acquire(k, "C")).acquired)
+
+
+def test_lapsed_lease_lets_the_same_job_take_over_up_to_max_attempts(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    assert h.store.run(claim(k, "A", lease_ms=300, max_attempts=2)).attempts == 1
+    # a redelivered copy while the holder is alive does not run beside it (G7)
+    live = h.store.run(claim(k, "A", lease_ms=300, owner="w2", max_attempts=2))
+    assert live.outcome == "running" and live.holder == "w1"
+    second = h.after(
+        0.3,
+        lambda: (
+            r
+            if (r := h.store.run(claim(k, "A", lease_ms=300, owner="w2", max_attempts=2))).outcome
+            == "run"
+            else None
+        ),
+    )
+    assert second.attempts == 2 and second.holder == "w2"
+    third = h.after(
+        0.3,
+        lambda: (
+            r
+            if (r := h.store.run(claim(k, "A", lease_ms=300, owner="w3", max_attempts=2))).outcome
+            != "running"
+            else None
+        ),
+    )
+    assert third.outcome == "exhausted"
+    assert h.store.run(claim(k, "A", owner="w4")).outcome == "done"
+
+
+def test_a_stale_copy_never_runs_beside_the_newer_job_of_its_key(h: Harness) -> None:
+    # G12: A's lease lapses (its worker died); B takes the key. A copy of A then waits while B
+    # runs, and runs after it with a newer fence.
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    a = h.store.run(claim(k, "A", lease_ms=300))
+    b = h.after(0.3, lambda: r if (r := h.store.run(acquire(k, "B"))).acquired else None)
+    assert b.fence > a.fence
+    running_b = h.store.run(claim(k, "B", lease_ms=60_000, owner="w3"))
+    assert running_b.outcome == "run"
+    waiting = h.store.run(claim(k, "A", lease_ms=300, owner="w2"))
+    assert waiting.outcome == "busy" and waiting.holder == "B"
+    h.store.run(Finish(k, "B", throttle=False, memory_ms=HOUR))
+    after = h.store.run(claim(k, "A", lease_ms=60_000, owner="w2"))
+    assert after.outcome == "run" and after.fence > running_b.fence
+
+
+def test_a_copy_runs_first_when_the_newer_job_is_still_queued_and_that_one_waits(
+    h: Harness,
+) -> None:
+    # B holds the key but is only queued (it may be far behind in the queue, or lost): the
+    # stale copy of A runs now and takes the key; B waits for A when it starts (G12), so the
+    # two never overlap and a lost B cannot keep A waiting for ever.
+    k = new_key()
+    b = h.store.run(acquire(k, "B"))
+    a = h.store.run(claim(k, "A", lease_ms=60_000, owner="w2"))
+    assert a.outcome == "run" and a.fence > b.fence
+    assert h.store.run(acquire(k, "C")).holder == "A"  # while A runs, the key is A's
+    waiting = h.store.run(claim(k, "B", lease_ms=60_000, owner="w3"))
+    assert waiting.outcome == "busy" and waiting.holder == "A"
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    later = h.store.run(claim(k, "B", lease_ms=60_000, owner="w3"))
+    assert later.outcome == "run" and later.fence > a.fence
+
+
+def test_a_job_of_a_throttled_key_runs(h: Harness) -> None:
+    # until_expired's throttle is not a running job: a job sent without a lock runs
+    k = new_key()
+    h.store.run(acquire(k, "B"))
+    h.store.run(claim(k, "B", lease_ms=5_000))
+    h.store.run(Finish(k, "B", throttle=True, memory_ms=HOUR))
+    assert h.store.run(claim(k, "unlocked", lease_ms=5_000)).outcome == "run"
+
+
+def test_a_holder_being_published_is_answered_pending_until_confirmed_or_running(
+    h: Harness,
+) -> None:
+    # its publish may still fail and free the key: a duplicate must not settle for it yet
+    k = new_key()
+    h.store.run(acquire(k, "A", grace_ms=60_000))
+    first = h.store.run(acquire(k, "B"))
+    assert first.pending and first.holder == "A" and first.duplicates == 1
+    peek = h.store.run(Peek(k))
+    assert peek is not None and peek.pending and peek.duplicates == 1  # not counted again
+    h.store.run(Confirm(((k, "A"),)))
+    assert not h.store.run(acquire(k, "C")).pending
+    k2 = new_key()
+    h.store.run(acquire(k2, "A", grace_ms=60_000))
+    h.store.run(claim(k2, "A"))  # it runs, so it was published, confirmed or not
+    assert not h.store.run(acquire(k2, "B")).pending
+
+
+def test_run_lock_tokens_follow_the_order_of_the_runs_not_of_the_enqueues(h: Harness) -> None:
+    # until_and_while_executing: A runs, B is enqueued and waits its turn, A retries and runs
+    # again; then B runs. The token each run reads grows from run to run (G3), although B's
+    # enqueue lock was taken before A's second run.
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    a = h.store.run(claim(k, "A", "release", run_lock=True, lease_ms=60_000, attempt=0))
+    h.store.run(acquire(k, "B"))
+    assert h.store.run(claim(k, "B", "release", run_lock=True)).outcome == "busy"
+    h.store.run(Retry(k, "A", HOUR, attempt=0))
+    again = h.store.run(claim(k, "A", "release", run_lock=True, lease_ms=60_000, attempt=1))
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1))
+    b = h.store.run(claim(k, "B", "release", run_lock=True, lease_ms=60_000))
+    assert [r.outcome for r in (a, again, b)] == ["run"] * 3
+    assert a.fence < again.fence < b.fence
+
+
+def test_redelivery_of_a_finished_job_does_not_run_again(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", "release"))
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    again = h.store.run(claim(k, "A", "release", owner="w2"))
+    assert again.outcome == "done"
+
+
+def test_retry_keeps_the_lock_and_is_not_a_duplicate_of_itself(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", attempt=0))
+    assert h.store.run(Retry(k, "A", HOUR, attempt=0)) is True
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "A" and info.state == "queued"
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    again = h.store.run(claim(k, "A", attempt=1))
+    assert again.outcome == "run" and again.attempts == 2
+
+
+def test_a_retry_that_starts_before_the_first_attempts_hooks_keeps_its_lock(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", attempt=0))
+    # the retried message is delivered while attempt 0 is still recorded as running
+    assert h.store.run(claim(k, "A", attempt=1, owner="w2")).outcome == "run"
+    # attempt 0's late hooks change nothing
+    assert h.store.run(Retry(k, "A", HOUR, attempt=0)) is False
+    assert h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=0)).stale
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.state == "running" and info.job_id == "A"
+    assert h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1)).released
+
+
+def test_a_copy_of_an_attempt_that_asked_for_a_retry_waits_for_that_retry(h: Harness) -> None:
+    """The broker delivered attempt 0 again (a visibility timeout shorter than the run) while
+    it ran; attempt 0 then failed and its retry was published. The copy must not run now: the
+    retry is the job's next run, and the two would run at once (found by the soak)."""
+    for mode in ("hold", "release", "none"):
+        k = new_key()
+        h.store.run(acquire(k, "A"))
+        assert h.store.run(claim(k, "A", mode, attempt=0)).outcome == "run"
+        assert h.store.run(claim(k, "A", mode, attempt=0, owner="w2")).outcome == "running"
+        h.store.run(Retry(k, "A", HOUR, attempt=0))
+        assert h.store.run(claim(k, "A", mode, attempt=0, owner="w2")).outcome == "running"
+        assert h.store.run(claim(k, "A", mode, attempt=1, owner="w3")).outcome == "run"
+        assert h.store.run(claim(k, "A", mode, attempt=0, owner="w2")).outcome == "running"
+        h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1))
+        assert h.store.run(claim(k, "A", mode, attempt=0, owner="w2")).outcome == "done"
+
+
+def test_a_retry_confirmed_keeps_its_lock_and_copies_wait_one_never_sent_frees_both(
+    h: Harness,
+) -> None:
+    """The retry's publish is confirmed as a fresh lock's is (G11). Confirmed: the lock lives
+    its ttl and a copy of the failed attempt keeps waiting. Never confirmed (the worker died
+    between the store's answer and the publish): after the grace the lock is free and the
+    copy runs, so the job is neither lost nor stuck for the ttl."""
+    sent, lost = new_key(), new_key()
+    for k in (sent, lost):
+        h.store.run(acquire(k, "A"))
+        assert h.store.run(claim(k, "A", attempt=0)).outcome == "run"
+        assert h.store.run(Retry(k, "A", HOUR, attempt=0, grace_ms=2_000))
+    assert h.store.run(Confirm(((sent, "A"),))) == 1
+
+    def after_grace() -> bool:
+        info = h.store.run(Inspect(lost))
+        return info is None or info.job_id != "A"
+
+    h.after(2, after_grace)
+    confirmed = h.store.run(Inspect(sent))
+    assert confirmed is not None and confirmed.state == "queued" and confirmed.ttl_ms > 60_000
+    assert h.store.run(claim(sent, "A", attempt=0, owner="w2")).outcome == "running"
+    assert h.store.run(claim(lost, "A", attempt=0, owner="w2")).outcome == "run"
+
+
+def test_a_jobs_record_says_running_queued_finished_or_none(h: Harness) -> None:
+    k, lapsed = new_key(), new_key()
+    assert h.store.run(JobState(k, "A")) == "none"
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", attempt=0))
+    assert h.store.run(JobState(k, "A")) == "running"
+    h.store.run(Retry(k, "A", HOUR, attempt=0))
+    assert h.store.run(JobState(k, "A")) == "queued"
+    h.store.run(claim(k, "A", attempt=1))
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1))
+    assert h.store.run(JobState(k, "A")) == "finished"
+    h.store.run(acquire(lapsed, "B"))
+    h.store.run(claim(lapsed, "B", lease_ms=1_000))
+    h.after(1, lambda: h.store.run(JobState(lapsed, "B")) == "none")  # its worker died
+
+
+def test_reschedule_once_hands_the_lock_to_one_new_job_with_the_latest_payload(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A"))
+    h.store.run(acquire(k, "B", payload="args-1"))
+    h.store.run(acquire(k, "C", payload="args-2"))
+    done = h.store.run(
+        Finish(
+            k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="N", ttl_ms=HOUR, grace_ms=HOUR
+        )
+    )
+    assert done.released and done.handoff is not None
+    assert (done.handoff.job_id, done.handoff.payload) == ("N", "args-2")
+    info = h.store.run(Inspect(k))
+    assert info is not None and (info.job_id, info.state, info.duplicates) == ("N", "queued", 0)
+    # the rescheduled job ends with no duplicates: released, no second hand-off
+    h.store.run(claim(k, "N"))
+    last = h.store.run(Finish(k, "N", throttle=False, memory_ms=HOUR, handoff_job_id="M"))
+    assert last.released and last.handoff is None
+    assert h.store.run(Inspect(k)) is None
+
+
+def test_reschedule_owed_at_start_is_handed_off_by_the_claim(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(acquire(k, "B", payload="p"))
+    got = h.store.run(claim(k, "A", "release", handoff_job_id="N"))
+    assert got.outcome == "run" and got.handoff is not None and got.handoff.job_id == "N"
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "N"
+
+
+def test_until_expired_throttles_until_the_ttl(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A", ttl_ms=800))
+    h.store.run(claim(k, "A", ttl_ms=800))
+    assert h.store.run(Finish(k, "A", throttle=True, memory_ms=HOUR)).released
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.state == "throttled"
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    h.after(0.8, lambda: h.store.run(acquire(k, "C")).acquired)
+
+
+def test_queued_lock_expires_after_its_ttl(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A", ttl_ms=400))
+    assert h.store.run(acquire(k, "B")).holder == "A"
+    h.after(0.4, lambda: h.store.run(acquire(k, "C")).acquired)
+
+
+def test_unconfirmed_lock_lives_only_its_grace_and_a_confirmed_one_its_ttl(h: Harness) -> None:
+    dead, ok = new_key(), new_key()
+    h.store.run(acquire(dead, "A", ttl_ms=HOUR, grace_ms=400))
+    h.store.run(acquire(ok, "B", ttl_ms=HOUR, grace_ms=400))
+    assert h.store.run(Confirm(((ok, "B"), (dead, "not-the-holder")))) == 1
+    info = h.store.run(Inspect(ok))
+    assert info is not None and info.confirmed and info.ttl_ms > 60_000
+    h.after(0.4, lambda: h.store.run(acquire(dead, "C")).acquired)
+    assert h.store.run(acquire(ok, "D")).holder == "B"
+
+
+def test_while_executing_runs_one_job_of_a_key_at_a_time(h: Harness) -> None:
+    k = new_key()
+    assert h.store.run(claim(k, "A", "none", run_lock=True)).outcome == "run"
+    busy = h.store.run(claim(k, "B", "none", run_lock=True))
+    assert busy.outcome == "busy" and busy.holder == "A"
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    assert h.store.run(claim(k, "B", "none", run_lock=True)).outcome == "run"
+
+
+def test_until_and_while_executing_frees_enqueue_but_not_running(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    assert h.store.run(claim(k, "A", "release", run_lock=True)).outcome == "run"
+    assert h.store.run(acquire(k, "B")).acquired
+    assert h.store.run(claim(k, "B", "release", run_lock=True)).outcome == "busy"
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    assert h.store.run(claim(k, "B", "release", run_lock=True)).outcome == "run"
+
+
+def test_run_lock_is_freed_after_its_lease_when_the_worker_dies(h: Harness) -> None:
+    k = new_key()
+    h.store.run(claim(k, "A", "none", run_lock=True, lease_ms=300))
+    h.after(0.3, lambda: h.store.run(claim(k, "B", "none", run_lock=True)).outcome == "run")
+
+
+def test_only_the_holder_can_extend_release_or_hand_off(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", lease_ms=5_000))
+    h.store.run(acquire(k, "X", payload="p"))
+    assert h.store.run(Release(k, "B")) is False
+    assert h.store.run(Heartbeat((Lease(k, "B", 60_000),))) == (False,)
+    assert h.store.run(Retry(k, "B", HOUR)) is False
+    not_ours = h.store.run(Finish(k, "B", throttle=False, memory_ms=HOUR, handoff_job_id="N"))
+    assert not not_ours.released and not_ours.handoff is None
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "A" and info.state == "running"
+    assert info.ttl_ms <= 5_000
+    assert h.store.run(Release(k, "A")) is True
+    assert h.store.run(Inspect(k)) is None
+
+
+def test_a_queued_only_release_frees_a_queued_lock_never_a_running_one_or_a_run_lock(
+    h: Harness,
+) -> None:
+    """A discarded or expired copy of a job frees its key only while the job waits (G13); a
+    run of the job still going elsewhere keeps it (G12)."""
+    queued, running, run_locked = new_key(), new_key(), new_key()
+    h.store.run(acquire(queued, "A"))
+    assert h.store.run(Release(queued, "A", queued_only=True)) is True
+    assert h.store.run(Inspect(queued)) is None
+    h.store.run(acquire(running, "B"))
+    h.store.run(claim(running, "B"))
+    assert h.store.run(Release(running, "B", queued_only=True)) is False
+    info = h.store.run(Inspect(running))
+    assert info is not None and info.job_id == "B" and info.state == "running"
+    h.store.run(claim(run_locked, "C", mode="none", run_lock=True))
+    assert h.store.run(Release(run_locked, "C", queued_only=True)) is False
+    assert h.store.run(claim(run_locked, "D", mode="none", run_lock=True)).outcome == "busy"
+    assert h.store.run(Release(run_locked, "C")) is True  # terminate: everything goes
+
+
+def test_a_claim_whose_reply_was_lost_is_not_taken_for_a_run_of_its_job(h: Harness) -> None:
+    """The store ran a claim but the worker never heard (a timeout after the write): the job's
+    next delivery names that claim's nonce as lost and runs now, instead of waiting a lease for
+    a run that never started; a claim it does not name still counts as a run elsewhere (G7)."""
+    k = new_key()
+    h.store.run(acquire(k, "J"))
+    assert h.store.run(claim(k, "J", nonce="n1")).outcome == "run"  # its reply was lost
+    assert h.store.run(claim(k, "J", nonce="n2")).outcome == "running"  # a real copy: waits
+    again = h.store.run(claim(k, "J", nonce="n3", lost_claims=("n0", "n1")))
+    assert again.outcome == "run" and again.attempts == 1  # the lost claim ran nothing
+    assert h.store.run(claim(k, "J", nonce="n4", lost_claims=("n1",))).outcome == "running"
+
+
+def test_lost_claims_are_no_attempts_of_their_job(h: Harness) -> None:
+    """A store that stalls under a job's claims runs each one and answers none of them: none
+    of those claims started a run, so none counts toward max_attempts, and the delivery that
+    finally hears its answer runs instead of being dropped as exhausted (G14). A run that did
+    start (its lease lapsed: its worker died) still counts."""
+    k = new_key()
+    h.store.run(acquire(k, "J"))
+    lost: list[str] = []
+    for n in range(4):
+        got = h.store.run(claim(k, "J", nonce=f"n{n}", lost_claims=tuple(lost), max_attempts=1))
+        assert (got.outcome, got.attempts) == ("run", 1), n
+        lost.append(f"n{n}")
+    died = new_key()
+    h.store.run(acquire(died, "D"))
+    h.store.run(claim(died, "D", lease_ms=300, nonce="d1", max_attempts=1))
+
+    def taken_over() -> ClaimReply | None:
+        got = h.store.run(claim(died, "D", nonce="d2", max_attempts=1))
+        return got if got.outcome != "running" else None
+
+    assert h.after(0.3, taken_over).outcome == "exhausted"
+
+
+def test_fencing_tokens_strictly_increase_over_1000_acquisitions(h: Harness) -> None:
+    k = new_key()
+    last = 0
+    for i in range(1000):
+        got = h.store.run(acquire(k, f"J{i}"))
+        assert got.acquired and got.fence > last
+        last = got.fence
+        if i % 2:
+            h.store.run(Release(k, f"J{i}"))
+        else:  # hand-offs draw tokens from the same counter
+            h.store.run(claim(k, f"J{i}"))
+            h.store.run(Finish(k, f"J{i}", throttle=False, memory_ms=1000))
+
+
+def test_the_running_job_reads_its_fencing_token(h: Harness) -> None:
+    k = new_key()
+    fence = h.store.run(acquire(k, "A")).fence
+    assert h.store.run(claim(k, "A", "release")).fence == fence
+    unlocked = h.store.run(claim(k, "Z", "hold"))  # no enqueue lock: a fresh token
+    assert unlocked.fence > fence
+
+
+def test_scan_inspect_and_force_unlock(h: Harness) -> None:
+    keys = [new_key() for _ in range(3)]
+    for i, k in enumerate(keys):
+        h.store.run(acquire(k, f"J{i}"))
+    found = {info.key: info.job_id for info in h.store.run(Scan())}
+    assert {k: found.get(k) for k in keys} == {k: f"J{i}" for i, k in enumerate(keys)}
+    assert h.store.run(ForceUnlock(keys[0])) is True
+    assert h.store.run(Inspect(keys[0])) is None
+    assert h.store.run(ForceUnlock(keys[0])) is False
+    assert h.store.run(acquire(keys[0], "new")).acquired
+
+
+def test_async_entry_point_gives_the_same_answers(h: Harness) -> None:
+    k = new_key()
+
+    async def scenario() -> None:
+        assert (await h.store.arun(acquire(k, "A"))).acquired
+        assert (await h.store.arun(acquire(k, "B"))).holder == "A"
+        assert (await h.store.arun(claim(k, "A", lease_ms=5_000))).outcome == "run"
+        assert await h.store.arun(Heartbeat((Lease(k, "A", 5_000),))) == (True,)
+        assert (await h.store.arun(Finish(k, "A", throttle=False, memory_ms=HOUR))).released
+        assert await h.store.arun(Confirm(())) == 0
+
+    asyncio.run(scenario())
+    assert h.store.run(acquire(k, "C")).acquired
+
+
+def test_the_holder_acquiring_again_changes_nothing(h: Harness) -> None:
+    k = new_key()
+    first = h.store.run(acquire(k, "A", grace_ms=400))
+    h.store.run(acquire(k, "B"))
+    again = h.store.run(acquire(k, "A"))
+    assert again.acquired and again.fence == first.fence and again.duplicates == 1
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.duplicates == 1 and not info.confirmed
+
+
+def test_a_finished_job_sent_again_does_not_keep_the_lock_it_took(h: Harness) -> None:
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", "release"))
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    assert h.store.run(acquire(k, "A")).acquired  # a late re-send of A takes the free key
+    assert h.store.run(claim(k, "A", "release", owner="w2")).outcome == "done"
+    assert h.store.run(Inspect(k)) is None  # ...and gives it back when it is refused
+    assert h.store.run(acquire(k, "B")).acquired
+
+
+# ---------------------------------------------------------------- idempotency records
+
+
+def test_an_idempotency_key_answers_its_first_job_and_fingerprint(h: Harness) -> None:
+    k = record_key("ci-build-" + new_key())
+    first = h.store.run(Remember(k, "J1", "fp-a", HOUR, HOUR))
+    assert first.new and first.job_id == "J1"
+    again = h.store.run(Remember(k, "J2", "fp-a", HOUR, HOUR))
+    assert not again.new and again.job_id == "J1" and again.fingerprint == "fp-a"
+    other = h.store.run(Remember(k, "J3", "fp-b", HOUR, HOUR))
+    assert not other.new and other.job_id == "J1" and other.fingerprint == "fp-a"
+
+
+def test_an_unconfirmed_idempotency_record_lapses_after_its_grace(h: Harness) -> None:
+    lapsing, kept = record_key(new_key()), record_key(new_key())
+    assert h.store.run(Remember(lapsing, "J1", "fp", HOUR, 300)).new
+    assert h.store.run(Remember(kept, "K1", "fp", HOUR, 300)).new
+    assert h.store.run(Confirm(((kept, "K1"),))) == 1
+    h.after(0.3, lambda: h.store.run(Remember(lapsing, "J2", "fp", HOUR, HOUR)).new)
+    assert h.store.run(Remember(kept, "K2", "fp", HOUR, HOUR)).job_id == "K1"
+
+
+def test_an_unconfirmed_idempotency_record_answers_pending_until_confirmed(h: Harness) -> None:
+    """Its job's publish may still fail, so a repeat must not take it as a hit yet."""
+    k = record_key(new_key())
+    assert h.store.run(Remember(k, "J1", "fp", HOUR, 60_000)).new
+    waiting = h.store.run(Remember(k, "J2", "fp", HOUR, 60_000))
+    assert waiting.pending and not waiting.new and waiting.job_id == "J1"
+    assert h.store.run(Confirm(((k, "J1"),))) == 1
+    settled = h.store.run(Remember(k, "J2", "fp", HOUR, 60_000))
+    assert not settled.pending and not settled.new and settled.job_id == "J1"
+
+
+def test_an_idempotency_record_is_freed_or_handed_on_by_its_job_only(h: Harness) -> None:
+    k = record_key(new_key())
+    h.store.run(Remember(k, "J1", "fp", HOUR, 60_000))
+    assert not h.store.run(Release(k, "other"))
+    assert not h.store.run(Remember(k, "H", "fp", HOUR, HOUR, replaces="other")).new
+    moved = h.store.run(Remember(k, "H", "fp", HOUR, HOUR, replaces="J1"))
+    assert moved.new and moved.job_id == "H"
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "H" and info.confirmed
+    assert not h.store.run(Remember(k, "J3", "fp", HOUR, HOUR)).pending  # a handed-on record
+    assert h.store.run(Release(k, "H"))
+    assert h.store.run(Remember(k, "J2", "fp", HOUR, HOUR)).new
+
+
+# ---------------------------------------------------------------- reservation scopes
+
+
+def test_a_scope_grants_at_most_its_limit_and_frees_on_release(h: Harness) -> None:
+    scope = "user-" + new_key()
+    assert h.store.run(Reserve(scope, "a", 2, HOUR)).granted
+    assert h.store.run(Reserve(scope, "b", 2, HOUR)).in_flight == 2
+    refused = h.store.run(Reserve(scope, "c", 2, HOUR))
+    assert not refused.granted and refused.in_flight == 2
+    assert h.store.run(Reserve(scope, "a", 2, HOUR)).granted  # a holder keeps its slot
+    assert h.store.run(Unreserve(scope, "a")) and not h.store.run(Unreserve(scope, "a"))
+    assert h.store.run(Reserve(scope, "c", 2, HOUR)).granted
+    assert {s.member for s in h.store.run(ListSlots(scope))} == {"b", "c"}
+    assert scope in h.store.run(ListScopes())
+
+
+def test_a_consumed_slot_belongs_to_the_job_and_lives_by_its_lease(h: Harness) -> None:
+    scope = "tenant-" + new_key()
+    h.store.run(Reserve(scope, "r1", 1, HOUR))
+    assert h.store.run(Consume(scope, "r1", "job-1", HOUR))
+    assert [s.member for s in h.store.run(ListSlots(scope))] == ["job-1"]
+    assert not h.store.run(Reserve(scope, "r2", 1, HOUR)).granted
+    lease = Lease(scope, "job-1", 400, slot=True)
+    assert h.store.run(Heartbeat((lease,))) == (True,)  # started: one lease from now
+    h.hold_for(0.25)
+    assert h.store.run(Heartbeat((lease,))) == (True,)  # renewed by the heartbeat
+    h.hold_for(0.25)
+    assert not h.store.run(Reserve(scope, "r2", 1, HOUR)).granted  # still held
+    h.after(0.4, lambda: h.store.run(Reserve(scope, "r2", 1, HOUR)).granted)  # worker died
+    assert h.store.run(Heartbeat((lease,))) == (False,)
+
+
+def test_a_reservation_never_consumed_expires_after_its_ttl(h: Harness) -> None:
+    scope = "user-" + new_key()
+    assert h.store.run(Reserve(scope, "r1", 1, 300)).granted
+    assert not h.store.run(Reserve(scope, "r2", 1, HOUR)).granted
+    h.after(0.3, lambda: h.store.run(Reserve(scope, "r2", 1, HOUR)).granted)
+
+
+def test_fifty_concurrent_reservations_get_exactly_the_limit(h: Harness) -> None:
+    scope = "user-" + new_key()
+    replies = race(50, lambda i: h.store.run(Reserve(scope, f"r{i}", 5, HOUR)))
+    assert sum(r.granted for r in replies) == 5
+    assert len(h.store.run(ListSlots(scope))) == 5
+
+
+def test_an_expired_slot_is_gone_for_every_operation(h: Harness) -> None:
+    scope = "user-" + new_key()
+    h.store.run(Reserve(scope, "a", 5, 300))
+    h.store.run(Reserve(scope, "b", 5, HOUR))  # keeps the scope alive
+    h.hold_for(0.35)
+    assert not h.store.run(Unreserve(scope, "a"))
+    assert not h.store.run(Consume(scope, "a", "job-a", HOUR))
+    assert {s.member for s in h.store.run(ListSlots(scope))} == {"b", "job-a"}
+
+
+def test_peek_answers_the_holder_and_counts_a_duplicate_but_takes_a_free_key_never(
+    h: Harness,
+) -> None:
+    from taskdedup.stores.base import Peek
+
+    free, held = new_key(), new_key()
+    assert h.store.run(Peek(free)) is None
+    assert h.store.run(Inspect(free)) is None  # nothing taken
+    first = h.store.run(acquire(held, "A"))
+    seen = h.store.run(Peek(held))
+    assert seen is not None and seen.holder == "A" and seen.fence == first.fence
+    assert seen.duplicates == 1 and not seen.acquired
+    assert h.store.run(Peek(held, record_duplicate=False)).duplicates == 1  # type: ignore[union-attr]

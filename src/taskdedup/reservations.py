@@ -29,6 +29,7 @@ from typing import Any, cast
 from . import keys as _keys
 from .errors import ConfigError, KeyEncodingError, QuotaExceeded
 from .policy import Seconds, seconds
+from .settings import Settings
 from .stores.base import (
     Consume,
     Heartbeat,
@@ -201,6 +202,11 @@ class ReservationGuard:
         self.store = store
         self.enabled = enabled
         self.dry_run = dry_run
+
+    @classmethod
+    def under(cls, store: Store, settings: Settings) -> ReservationGuard:
+        """The guard an adapter uses: ``settings``' kill switch and dry run."""
+        return cls(store, enabled=settings.enabled, dry_run=settings.dry_run)
 
     def _over_cap(self, op: Reserve, what: str) -> Reservation:
         """A call over the cap: QuotaExceeded, or (dry run) logged and let through slotless."""

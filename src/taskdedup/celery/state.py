@@ -126,10 +126,7 @@ class CeleryDedup:
 
     @functools.cached_property
     def reservations(self) -> ReservationGuard:
-        settings = self.dedup.settings
-        return ReservationGuard(
-            self.dedup.store, enabled=settings.enabled, dry_run=settings.dry_run
-        )
+        return ReservationGuard.under(self.dedup.store, self.dedup.settings)
 
     def heartbeat(self) -> Heartbeat:
         """This process's heartbeat thread (a fresh one in each forked pool child)."""

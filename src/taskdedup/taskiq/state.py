@@ -20,14 +20,8 @@ from .options import Policies
 
 
 class DedupState(TaskiqMiddleware):
-    """What both sides of one broker share: settings, store, Deduplicator, policies.
-
-    ``store_or_url``: a :class:`~taskdedup.Store`, or a store URL (``redis://...``,
-    ``memory://``); by default ``TASKDEDUP_URL``, else the broker's own Redis (taskiq-redis
-    brokers), else an in-memory store for ``InMemoryBroker``. ``settings`` are the
-    :class:`~taskdedup.Settings` fields (``enabled``, ``dry_run``, ``default_ttl``, ...);
-    ``TASKDEDUP_*`` environment variables win over them.
-    """
+    """What both sides of one broker share: settings, store, Deduplicator, policies (the
+    arguments are :class:`~taskdedup.taskiq.DedupMiddleware`'s)."""
 
     def __init__(self, store_or_url: Store | str | None = None, **settings: Any) -> None:
         super().__init__()
@@ -48,10 +42,7 @@ class DedupState(TaskiqMiddleware):
 
     @functools.cached_property
     def reservations(self) -> ReservationGuard:
-        settings = self.dedup.settings
-        return ReservationGuard(
-            self.dedup.store, enabled=settings.enabled, dry_run=settings.dry_run
-        )
+        return ReservationGuard.under(self.dedup.store, self.dedup.settings)
 
     @property
     def dedup(self) -> Deduplicator:

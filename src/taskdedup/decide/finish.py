@@ -42,7 +42,8 @@ def plan_retry(
     """The job will run again under the same id: keep its lock, now QUEUED (G6), until the
     retry's publish is confirmed for ``grace`` (G11)."""
     ttl = ms(tp.policy.ttl_seconds + max(delay, 0.0))
-    op = Retry(key, job_id, ttl, attempt, grace_ms=min(ms(settings.grace), ttl))
+    grace = min(ms(settings.grace), ttl)
+    op = Retry(key, job_id, ttl, attempt, grace_ms=grace, delay_ms=round(max(delay, 0.0) * 1000))
 
     def done(kept: bool) -> bool:
         outcome = "kept" if kept else "unlocked"

@@ -187,9 +187,11 @@ class Retry(Op[bool]):
     """RUNNING(job) -> QUEUED(job): the retry keeps the lock; answers whether it was held.
 
     Sent before the retry is published, so the lock and the job's record wait for the
-    publish's confirmation (:class:`Confirm`) for ``grace_ms``, as a fresh lock does (G11):
-    until then, or once confirmed, a copy of an earlier attempt waits for that retry; a retry
-    never confirmed (its worker died before it went out) lets the copy run, and its lock lapses.
+    publish's confirmation (:class:`Confirm`) for ``grace_ms``, as a fresh lock does (G11).
+    A copy of an earlier attempt waits for that retry: while it may still be sent (the grace),
+    and once it was, until it is due (``delay_ms``) plus the grace. A retry that never went
+    out, or never came (the broker lost it), is replaced by the copy: it runs as that retry,
+    so the retry, should it come after all, finds its attempt running or done.
     """
 
     key: str
@@ -197,6 +199,7 @@ class Retry(Op[bool]):
     ttl_ms: int
     attempt: int | None = None
     grace_ms: int = 60_000
+    delay_ms: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -159,7 +159,7 @@ class ScriptCalls:
         return ScriptCall(
             "retry",
             self.names(op.key, "lock", "run", "job:" + op.job_id),
-            [op.job_id, op.ttl_ms, _opt(op.attempt), op.grace_ms],
+            [op.job_id, op.ttl_ms, _opt(op.attempt), op.grace_ms, op.delay_ms],
             lambda r: bool(int(r)),
         )
 

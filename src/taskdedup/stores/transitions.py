@@ -90,20 +90,25 @@ def peek(op: Peek, r: Records) -> AcquireReply | None:
 def claim(op: Claim, r: Records) -> ClaimReply:
     job_name = r.name(op.key, "job:" + op.job_id)
     rec = r.get(job_name)
-    attempts = 1
+    attempts, replaces = 1, None  # the retry (its number) this run stands in for, if any
     if rec is not None:
         if rec["s"] == "d":  # a finished job holds nothing: free what a late re-send took
             release_locks(r, op.key, op.job_id)
             return ClaimReply("done", rec["f"], rec["a"], rec["o"])
         attempts = rec["a"] + 1
-        # a copy of an attempt that asked for a retry, and that retry went out (or may
-        # still): it is the job's next run; this copy waits (dropped once the job is
-        # done). A retry never confirmed within the grace never went out: this one runs.
-        retried = rec["s"] == "q" and rec["n"] is not None and (rec.get("c", 1) or rec["u"] > r.now)
+        # a copy of an attempt that asked for a retry: it waits while the retry may still be
+        # sent (unconfirmed, within the grace) or, sent, may still come (its delay plus the
+        # grace); past that it runs as that retry (see claim.lua)
+        retried = rec["s"] == "q" and rec["n"] is not None
         if retried and op.attempt is not None and op.attempt <= rec["n"]:
-            return ClaimReply("running", rec["f"], rec["a"], rec["o"])
+            wait = rec.get("w", 0) if rec.get("c", 1) else rec["u"]
+            if wait > r.now:
+                return ClaimReply("running", rec["f"], rec["a"], rec["o"])
+            replaces = rec["n"] + 1
         if rec["s"] == "r":
             newer = op.attempt is not None and rec["n"] is not None and op.attempt > rec["n"]
+            if newer and rec.get("x") is not None and op.attempt <= rec["x"]:
+                newer = False  # the retry this run stands in for
             lost = bool(rec.get("k")) and rec.get("k") in op.lost_claims
             if lost:  # that claim's run never started: it was no attempt
                 attempts -= 1
@@ -160,6 +165,7 @@ def claim(op: Claim, r: Records) -> ClaimReply:
             "u": r.now + op.lease_ms,
             "a": attempts,
             "n": op.attempt,
+            "x": replaces,
             "f": fence,
             "m": op.memory_ms,
             "k": op.nonce,
@@ -207,7 +213,7 @@ def retry(op: Retry, r: Records) -> bool:
         return False
     grace = min(op.grace_ms, op.ttl_ms)
     if rec is not None:  # it waits for the retry's publish to be confirmed (G11)
-        rec.update(s="q", c=0, u=r.now + grace)
+        rec.update(s="q", c=0, u=r.now + grace, w=r.now + op.delay_ms + grace)
         r.expire(job_name, r.now + op.ttl_ms)
     run_name = r.name(op.key, "run")
     running = r.get(run_name)

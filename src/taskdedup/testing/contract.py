@@ -283,14 +283,15 @@ def test_a_retry_confirmed_keeps_its_lock_and_copies_wait_one_never_sent_frees_b
     h: Harness,
 ) -> None:
     """The retry's publish is confirmed as a fresh lock's is (G11). Confirmed: the lock lives
-    its ttl and a copy of the failed attempt keeps waiting. Never confirmed (the worker died
-    between the store's answer and the publish): after the grace the lock is free and the
-    copy runs, so the job is neither lost nor stuck for the ttl."""
+    its ttl and a copy of the failed attempt waits for the retry until it is due (plus the
+    grace). Never confirmed (the worker died between the store's answer and the publish):
+    after the grace the lock is free and the copy runs, so the job is neither lost nor stuck
+    for the ttl."""
     sent, lost = new_key(), new_key()
     for k in (sent, lost):
         h.store.run(acquire(k, "A"))
         assert h.store.run(claim(k, "A", attempt=0)).outcome == "run"
-        assert h.store.run(Retry(k, "A", HOUR, attempt=0, grace_ms=2_000))
+        assert h.store.run(Retry(k, "A", HOUR, attempt=0, grace_ms=2_000, delay_ms=10_000))
     assert h.store.run(Confirm(((sent, "A"),))) == 1
 
     def after_grace() -> bool:
@@ -302,6 +303,25 @@ def test_a_retry_confirmed_keeps_its_lock_and_copies_wait_one_never_sent_frees_b
     assert confirmed is not None and confirmed.state == "queued" and confirmed.ttl_ms > 60_000
     assert h.store.run(claim(sent, "A", attempt=0, owner="w2")).outcome == "running"
     assert h.store.run(claim(lost, "A", attempt=0, owner="w2")).outcome == "run"
+
+
+def test_a_copy_replaces_a_retry_that_never_came_and_the_late_retry_does_not_run_beside_it(
+    h: Harness,
+) -> None:
+    """The retry went out, but the broker lost it (or it is very late): once it is overdue
+    (its delay plus the grace), the waiting copy runs in its stead. The retry, should it come
+    after all, finds the job running, then done: never two runs at once."""
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", attempt=0))
+    h.store.run(Retry(k, "A", HOUR, attempt=0, grace_ms=1_000, delay_ms=1_000))
+    h.store.run(Confirm(((k, "A"),)))
+    assert h.store.run(claim(k, "A", attempt=0, owner="w2")).outcome == "running"
+    h.after(2, lambda: h.store.run(claim(k, "A", attempt=0, owner="w2")).outcome == "run")
+    assert h.store.run(claim(k, "A", attempt=1, owner="w3")).outcome == "running"
+    done = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=0))  # the copy's
+    assert done.released and not done.stale
+    assert h.store.run(claim(k, "A", attempt=1, owner="w3")).outcome == "done"
 
 
 def test_a_jobs_record_says_running_queued_finished_or_none(h: Harness) -> None:

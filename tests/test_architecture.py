@@ -40,7 +40,7 @@ CLASSES_ABOVE = {
     "taskdedup.celery.publish.Publisher": 270,
 }
 ADAPTER_LINES = 700
-ADAPTERS_ABOVE = {"taskdedup.celery": 2230, "taskdedup.taskiq": 1740}
+ADAPTERS_ABOVE = {"taskdedup.celery": 2170, "taskdedup.taskiq": 1720}
 
 
 def modules() -> dict[str, Path]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from taskdedup import Policy, ReservePolicy, Settings
 from taskdedup.celery import messages
+from taskdedup.decide import envelope
 from taskdedup.taskiq import options as taskiq_options
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -85,8 +86,13 @@ def test_every_header_and_label_is_in_the_reference_and_every_named_one_exists()
         for name, value in vars(taskiq_options).items()
         if name.endswith("_LABEL") and isinstance(value, str) and value.startswith("taskdedup_")
     }
+    carried = {
+        value
+        for name, value in vars(envelope).items()
+        if name.isupper() and isinstance(value, str) and value.startswith("taskdedup_")
+    }
     rows = table_rows(section("Message headers and labels"))
-    assert headers | labels == set(rows), "README headers/labels table vs the code"
+    assert headers | labels | carried == set(rows), "README headers/labels table vs the code"
     celery_settings = {f"taskdedup_{f.name}" for f in dataclasses.fields(Settings)}
     named = set(re.findall(r"`(taskdedup_[a-z_]+)`", README))
     unknown = named - set(rows) - celery_settings

@@ -10,12 +10,10 @@ from typing import Any, cast
 
 from kombu import serialization
 
-KEY_HEADER = "taskdedup_key"
-SCOPE_HEADER = "taskdedup_scope"  # the reservation scope whose slot the job holds
-#: How many times a delivery was sent back because the store could not answer its claim.
-STORE_WAITS_HEADER = "taskdedup_store_waits"
-#: nonces of this job's claims whose replies never arrived (see core.Admission.claim_nonce)
-LOST_CLAIMS_HEADER = "taskdedup_lost_claims"
+from ..decide import envelope
+
+KEY_HEADER = envelope.KEY
+SCOPE_HEADER = envelope.SCOPE
 #: A publish option (never sent) of the worker's own publishes: a delivery sent again later
 #: (busy, its holder running, its scope full) or the run owed by reschedule_once. It goes out
 #: as it is: its lock and slot were settled by the worker, so no dedup and no cap apply.

@@ -18,16 +18,15 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from ..decide import FULL_DELAY, Admission, Ticket, parse_lost_claims, with_lost_claim
+from ..decide import FULL_DELAY, Admission, Ticket
+from ..decide.envelope import Waits
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease
 from .messages import (
     KEY_HEADER,
-    LOST_CLAIMS_HEADER,
     RESEND_OPTION,
     SCOPE_HEADER,
-    STORE_WAITS_HEADER,
     load_call,
 )
 from .state import CeleryDedup, release_slot
@@ -108,8 +107,7 @@ class Worker:
         request = task.request
         key = header(request, KEY_HEADER)
         queue = (request.delivery_info or {}).get("routing_key")
-        waits = int(header(request, STORE_WAITS_HEADER) or 0)
-        lost = parse_lost_claims(header(request, LOST_CLAIMS_HEADER))
+        waits = Waits.read(lambda name: header(request, name))
         give_up = time.monotonic() + STAY_AT_MOST
         while True:
             admission = self.integ.dedup.claim(
@@ -120,8 +118,8 @@ class Worker:
                 kwargs=kwargs,
                 queue=queue,
                 attempt=request.retries or 0,
-                store_waits=waits,
-                lost_claims=lost,
+                store_waits=waits.store_waits,
+                lost_claims=waits.lost_claims,
             )
             key = admission.key
             if admission.handoff is not None:
@@ -132,13 +130,9 @@ class Worker:
                 if slot is not None:
                     release_slot(self.integ, slot.key, slot.job_id)
                 self._not_running(task, admission, "dropped")
-            if admission.outcome == "store_unavailable":
-                waits += 1
-                lost = with_lost_claim(lost, admission)
+            waits = waits.after(admission)
             try:
-                resend(
-                    task, args, kwargs, admission.retry_after, store_waits=waits, lost_claims=lost
-                )
+                resend(task, args, kwargs, admission.retry_after, waits)
             except Exception as exc:
                 if time.monotonic() + admission.retry_after > give_up:
                     self._give_up(task, policy, args, kwargs, admission, exc)
@@ -305,15 +299,7 @@ class Worker:
         raise Ignore()
 
 
-def resend(
-    task: Any,
-    args: Any,
-    kwargs: Any,
-    delay: float,
-    *,
-    store_waits: int = 0,
-    lost_claims: list[str] | None = None,
-) -> None:
+def resend(task: Any, args: Any, kwargs: Any, delay: float, waits: Waits | None = None) -> None:
     """The running delivery again, ``delay`` seconds from now: same id, queue, callbacks,
     chain and headers. It goes out as it is (no dedup, no cap): the worker settled its lock."""
     request = task.request
@@ -322,12 +308,7 @@ def resend(
         value = header(request, name)
         if value:
             headers[name] = value
-    headers.pop(STORE_WAITS_HEADER, None)
-    headers.pop(LOST_CLAIMS_HEADER, None)
-    if store_waits:
-        headers[STORE_WAITS_HEADER] = store_waits
-    if lost_claims:
-        headers[LOST_CLAIMS_HEADER] = ",".join(lost_claims)
+    (waits or Waits()).write(headers)
     later = task.signature_from_request(request, args, kwargs, countdown=delay, headers=headers)
     later.apply_async(**RESEND)
 

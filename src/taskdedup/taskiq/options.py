@@ -20,6 +20,7 @@ from taskiq.labels import LabelType, parse_label
 from taskiq.message import TaskiqMessage
 from taskiq_dependencies.dependency import Dependency
 
+from ..decide import envelope
 from ..errors import ConfigError
 from ..policy import STRATEGIES, OnConflict, Policy, Seconds, Strategy, TaskPolicy, given_options
 from ..reservations import DEFAULT_TTL as DEFAULT_RESERVE_TTL
@@ -34,8 +35,8 @@ LABEL = "deduplicate"
 #: Per-call options: ``deduplicate_<Policy field>`` (``deduplicate_keys`` is comma-separated).
 OPTION_PREFIX = "deduplicate_"
 #: Set by taskdedup on the messages it sends and runs: the dedup key and the fencing token.
-KEY_LABEL = "taskdedup_key"
-FENCE_LABEL = "taskdedup_fence"
+KEY_LABEL = envelope.KEY
+FENCE_LABEL = envelope.FENCE
 #: Per call: ``.kicker().with_labels(idempotency_key="ci-build-1", idempotency_ttl=3600)``.
 IDEMPOTENCY_KEY_LABEL = "idempotency_key"
 IDEMPOTENCY_TTL_LABEL = "idempotency_ttl"
@@ -49,11 +50,7 @@ RUN_KWARG = "__taskdedup_run__"
 #: The reservation cap (``@broker.task(reserve={...})`` or ``@reserve(...)``), and the scope
 #: whose slot a sent job holds (set by taskdedup).
 RESERVE_LABEL = "reserve"
-SCOPE_LABEL = "taskdedup_scope"
-#: How many times a delivery was sent back because the store could not answer its claim.
-STORE_WAITS_LABEL = "taskdedup_store_waits"
-#: nonces of this job's claims whose replies never arrived (see core.Admission.claim_nonce)
-LOST_CLAIMS_LABEL = "taskdedup_lost_claims"
+SCOPE_LABEL = envelope.SCOPE
 #: taskiq's retry middlewares count attempts in this label.
 RETRIES_LABEL = "_retries"
 #: Where ``@deduplicate`` keeps the declaration of a function not yet made a task.

@@ -22,17 +22,16 @@ from taskiq.kicker import AsyncKicker
 from taskiq.message import TaskiqMessage
 
 from ..decide import STORE_RETRY_MAX, Ticket
+from ..decide.envelope import Waits
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..stores.base import Handoff
 from .options import (
     ATTEMPT_LABEL,
     FENCE_LABEL,
-    LOST_CLAIMS_LABEL,
     RETRIES_LABEL,
     RUN_KWARG,
     SCOPE_LABEL,
     SKIP_KWARG,
-    STORE_WAITS_LABEL,
     call_shape,
     task_function,
     task_limits,
@@ -65,22 +64,19 @@ class Resender:
         self,
         message: TaskiqMessage,
         delay: float,
-        *,
-        store_waits: int | None = None,
-        lost_claims: list[str] | None = None,
+        waits: Waits | None = None,
     ) -> None:
         """Send a copy of this delivery (same id) after ``delay``, holding the delivery until
         then (a broker with acknowledgements redelivers it if the worker dies meanwhile); a
         worker that stops sends the copies still waiting at once. A copy the broker refuses is
         tried again, with back-off, until it is taken or the worker stops.
-        ``store_waits``: the count of claims the store could not answer, carried on the copy."""
+        ``waits``: the claims the store could not answer, carried on the copy (None: as the
+        delivery carries them)."""
         copy = message.model_copy(deep=True)
         copy.kwargs.pop(SKIP_KWARG, None)
         copy.kwargs.pop(RUN_KWARG, None)
-        if store_waits is not None:
-            copy.labels[STORE_WAITS_LABEL] = store_waits
-        if lost_claims:
-            copy.labels[LOST_CLAIMS_LABEL] = ",".join(lost_claims)
+        if waits is not None:
+            waits.write(copy.labels)
         later = asyncio.get_running_loop().create_task(self._send_later(copy, delay))
         self._later.add(later)
         later.add_done_callback(self._later.discard)

@@ -30,7 +30,8 @@ from taskiq.message import TaskiqMessage
 from taskiq.result import TaskiqResult
 
 from ..background import AsyncHeartbeat
-from ..decide import FULL_DELAY, Admission, parse_lost_claims, with_lost_claim
+from ..decide import FULL_DELAY, Admission
+from ..decide.envelope import Waits
 from ..errors import QuotaExceeded, StoreUnavailable
 from ..policy import TaskPolicy
 from ..stores.base import Lease
@@ -38,12 +39,10 @@ from .options import (
     ATTEMPT_LABEL,
     FENCE_LABEL,
     KEY_LABEL,
-    LOST_CLAIMS_LABEL,
     RETRIES_LABEL,
     RUN_KWARG,
     SCOPE_LABEL,
     SKIP_KWARG,
-    STORE_WAITS_LABEL,
     label,
     set_label,
     task_limits,
@@ -162,6 +161,7 @@ class Worker:
             self._hold_slot(message, slot, attempt)
             _mark_sync_run(task, message, attempt)
             return message
+        waits = Waits.read(lambda name: label(message, name))
         admission = await self.mw.dedup.aclaim(
             policy,
             message.task_id,
@@ -170,8 +170,8 @@ class Worker:
             kwargs=message.kwargs,
             queue=queue_of(broker, message),
             attempt=attempt,
-            store_waits=int(label(message, STORE_WAITS_LABEL) or 0),
-            lost_claims=parse_lost_claims(label(message, LOST_CLAIMS_LABEL)),
+            store_waits=waits.store_waits,
+            lost_claims=waits.lost_claims,
         )
         if admission.handoff is not None:
             await self.resender.hand_off(message, admission.key, admission.handoff)
@@ -352,13 +352,8 @@ class Worker:
             "dropped" if delay is None else f"sent again in {delay:g}s",
         )
         if delay is not None:
-            waits, lost = None, None
-            if admission.outcome == "store_unavailable":
-                waits = int(label(message, STORE_WAITS_LABEL) or 0) + 1
-                lost = with_lost_claim(
-                    parse_lost_claims(label(message, LOST_CLAIMS_LABEL)), admission
-                )
-            await self.resender.later(message, delay, store_waits=waits, lost_claims=lost)
+            waits = Waits.read(lambda name: label(message, name)).after(admission)
+            await self.resender.later(message, delay, waits)
 
     async def close(self) -> None:
         """Stop beating; send the copies waiting to be sent again now, so none is lost."""

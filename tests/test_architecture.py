@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "taskdedup"
 LAYERS: list[tuple[str, set[str]]] = [
     ("adapters", {"taskdedup.celery", "taskdedup.taskiq"}),
     ("runner", {"taskdedup.core", "taskdedup.background", "taskdedup.idempotency",
-                "taskdedup.reservations", "taskdedup.recent"}),
+                "taskdedup.reservations", "taskdedup.recent", "taskdedup.flow"}),
     ("decide", {"taskdedup.decide"}),
     ("stores", {"taskdedup.stores"}),
     ("declarations", {"taskdedup.policy", "taskdedup.settings", "taskdedup.suggest",

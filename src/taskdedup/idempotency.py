@@ -14,7 +14,6 @@ to be confirmed or freed rather than answer with a job whose publish may yet fai
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import logging
@@ -23,18 +22,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from .decide import Step
 from .errors import (
     IdempotencyKeyInProgress,
     IdempotencyKeyMismatch,
     InvalidIdempotencyKey,
     StoreUnavailable,
 )
+from .flow import Flow, Pause, adrive, drive
 from .policy import Policy, seconds
-from .stores.base import Release, Remember, RememberReply, ms
+from .stores.base import Op, Release, Remember, RememberReply, ms
 
 if TYPE_CHECKING:
     from .core import Deduplicator
-    from .decide import Step
 
 #: 1 to 256 printable ASCII characters, no spaces: CI keys like ``gh-org/repo-<sha>`` pass.
 KEY_PATTERN = re.compile(r"[!-~]{1,256}")
@@ -93,8 +93,6 @@ class IdempotencyKeys:
         self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
     ) -> Step[Recall]:
         """The store step for one submission (raises InvalidIdempotencyKey for a bad key)."""
-        from .decide import Step
-
         check_key(key)
         settings = self.dedup.settings
         ttl_s = settings.idempotency_ttl if ttl is None else seconds(ttl, name="idempotency_ttl")
@@ -142,26 +140,29 @@ class IdempotencyKeys:
     ) -> Recall:
         """Record a new submission under ``key``, or answer the original job once its
         publish is confirmed (IdempotencyKeyInProgress if that takes ``idempotency_wait``)."""
-        step = self.plan(key, task, fingerprint, job_id, ttl)
-        if not self.dedup.active(task):  # the kill switch: every call publishes
-            return Recall("new", job_id, key)
-        deadline = time.monotonic() + self.dedup.settings.idempotency_wait
-        while (answer := self.dedup.run(step)).outcome == "pending":
-            self._still_pending(answer, task, deadline)
-            time.sleep(PENDING_POLL)
-        return answer
+        return drive(self._recall(key, task, fingerprint, job_id, ttl), self.dedup.store)
 
     async def arecall(
         self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
     ) -> Recall:
+        return await adrive(self._recall(key, task, fingerprint, job_id, ttl), self.dedup.store)
+
+    def _recall(
+        self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None
+    ) -> Flow[Recall]:
         step = self.plan(key, task, fingerprint, job_id, ttl)
-        if not self.dedup.active(task):
+        if not self.dedup.active(task):  # the kill switch: every call publishes
             return Recall("new", job_id, key)
         deadline = time.monotonic() + self.dedup.settings.idempotency_wait
-        while (answer := await self.dedup.arun(step)).outcome == "pending":
+        while True:
+            try:
+                answer = step.done((yield step.op))
+            except StoreUnavailable as exc:
+                answer = step.failed(exc)
+            if answer.outcome != "pending":
+                return answer
             self._still_pending(answer, task, deadline)
-            await asyncio.sleep(PENDING_POLL)
-        return answer
+            yield Pause(PENDING_POLL)
 
     def _still_pending(self, answer: Recall, task: str, deadline: float) -> None:
         """Raise once the wait for another submission's publish is over."""
@@ -182,39 +183,32 @@ class IdempotencyKeys:
 
     def publish_failed(self, recall: Recall) -> None:
         """Nothing was published: free the key before the error reaches the caller."""
-        op = self._forget_op(recall)
-        if op is not None:
-            self._quietly(lambda: self.dedup.store.run(op))
+        drive(self._quietly(self._forget_op(recall), "free"), self.dedup.store)
 
     async def apublish_failed(self, recall: Recall) -> None:
-        op = self._forget_op(recall)
-        if op is not None:
-            try:
-                await self.dedup.store.arun(op)
-            except StoreUnavailable as exc:
-                logging.getLogger("taskdedup").warning("could not free idempotency key: %s", exc)
+        await adrive(self._quietly(self._forget_op(recall), "free"), self.dedup.store)
 
-    def _repoint_op(self, recall: Recall, holder: str, fingerprint: str) -> Remember:
+    def _repoint_op(self, recall: Recall, holder: str, fingerprint: str) -> Remember | None:
+        if not recall.is_new:
+            return None
         ttl = recall.ttl_ms
         return Remember(record_key(recall.key), holder, fingerprint, ttl, ttl, recall.job_id)
 
     def repoint(self, recall: Recall, holder: str, fingerprint: str) -> None:
         """The submission was a duplicate of ``holder``'s job: the key now answers that job."""
-        if recall.is_new:
-            self._quietly(
-                lambda: self.dedup.store.run(self._repoint_op(recall, holder, fingerprint))
-            )
+        op = self._repoint_op(recall, holder, fingerprint)
+        drive(self._quietly(op, "repoint"), self.dedup.store)
 
     async def arepoint(self, recall: Recall, holder: str, fingerprint: str) -> None:
-        if recall.is_new:
-            try:
-                await self.dedup.store.arun(self._repoint_op(recall, holder, fingerprint))
-            except StoreUnavailable as exc:
-                logging.getLogger("taskdedup").warning("could not repoint idempotency key: %s", exc)
+        op = self._repoint_op(recall, holder, fingerprint)
+        await adrive(self._quietly(op, "repoint"), self.dedup.store)
 
     @staticmethod
-    def _quietly(call: Callable[[], Any]) -> None:
+    def _quietly(op: Op[Any] | None, what: str) -> Flow[None]:
+        """Run ``op`` if any; a store that cannot answer is logged (the record lapses)."""
+        if op is None:
+            return
         try:
-            call()
-        except StoreUnavailable as exc:  # the record expires after its grace anyway
-            logging.getLogger("taskdedup").warning("idempotency record not updated: %s", exc)
+            yield op
+        except StoreUnavailable as exc:
+            logging.getLogger("taskdedup").warning("could not %s idempotency key: %s", what, exc)

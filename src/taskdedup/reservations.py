@@ -28,6 +28,7 @@ from typing import Any, cast
 
 from . import keys as _keys
 from .errors import ConfigError, KeyEncodingError, QuotaExceeded
+from .flow import Flow, adrive, drive
 from .policy import Seconds, seconds
 from .settings import Settings
 from .stores.base import (
@@ -37,6 +38,7 @@ from .stores.base import (
     ListScopes,
     ListSlots,
     Reserve,
+    ReserveReply,
     Slot,
     Store,
     Unreserve,
@@ -242,12 +244,9 @@ class ReservationGuard:
     ) -> Reservation:
         """A slot of ``scope``, or QuotaExceeded when ``max_concurrent`` are in flight.
         ``member``: hold the slot under this id (a job id) instead of a fresh reservation id."""
-        op = self._reserve_op(scope, max_concurrent, ttl, member)
-        if not self.enabled:
-            return Reservation(self, scope, op.member, op.ttl_ms, held=False)
-        if not self.store.run(op).granted:
-            return self._over_cap(op, "would_refuse")
-        return Reservation(self, scope, op.member, op.ttl_ms)
+        return drive(
+            self._reserve(self._reserve_op(scope, max_concurrent, ttl, member)), self.store
+        )
 
     async def areserve(
         self,
@@ -258,22 +257,28 @@ class ReservationGuard:
         member: str | None = None,
     ) -> Reservation:
         op = self._reserve_op(scope, max_concurrent, ttl, member)
+        return await adrive(self._reserve(op), self.store)
+
+    def _reserve(self, op: Reserve) -> Flow[Reservation]:
         if not self.enabled:
-            return Reservation(self, scope, op.member, op.ttl_ms, held=False)
-        if not (await self.store.arun(op)).granted:
+            return Reservation(self, op.scope, op.member, op.ttl_ms, held=False)
+        reply: ReserveReply = yield op
+        if not reply.granted:
             return self._over_cap(op, "would_refuse")
-        return Reservation(self, scope, op.member, op.ttl_ms)
+        return Reservation(self, op.scope, op.member, op.ttl_ms)
 
     def release(self, scope: str, member: str) -> bool:
         """Free ``member``'s slot (a reservation id or a job id); False if it held none."""
-        if not self.enabled:
-            return False
-        return self.store.run(Unreserve(scope, member))
+        return drive(self._release(scope, member), self.store)
 
     async def arelease(self, scope: str, member: str) -> bool:
+        return await adrive(self._release(scope, member), self.store)
+
+    def _release(self, scope: str, member: str) -> Flow[bool]:
         if not self.enabled:
             return False
-        return await self.store.arun(Unreserve(scope, member))
+        released: bool = yield Unreserve(scope, member)
+        return released
 
     def start(
         self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None = None
@@ -286,27 +291,26 @@ class ReservationGuard:
         rather than run it over the cap. Without ``max_concurrent`` it starts anyway. None: no
         slot to renew (the guard is off, or a dry run let the job start over the cap).
         """
-        if not self.enabled:
-            return None
-        held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
-        if self.store.run(Heartbeat((held,)))[0]:
-            return held
-        if max_concurrent is None:
-            return _without_slot(held)
-        taken = self.reserve(scope, max_concurrent, lease, member=job_id)  # or QuotaExceeded
-        return held if taken.held else None
+        return drive(self._start(scope, job_id, lease, max_concurrent), self.store)
 
     async def astart(
         self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None = None
     ) -> Lease | None:
+        return await adrive(self._start(scope, job_id, lease, max_concurrent), self.store)
+
+    def _start(
+        self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None
+    ) -> Flow[Lease | None]:
         if not self.enabled:
             return None
         held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
-        if (await self.store.arun(Heartbeat((held,))))[0]:
+        renewed: tuple[bool, ...] = yield Heartbeat((held,))
+        if renewed[0]:
             return held
         if max_concurrent is None:
             return _without_slot(held)
-        taken = await self.areserve(scope, max_concurrent, lease, member=job_id)
+        op = self._reserve_op(scope, max_concurrent, lease, job_id)
+        taken = yield from self._reserve(op)  # or QuotaExceeded
         return held if taken.held else None
 
     def active(self, scope: str) -> list[Slot]:

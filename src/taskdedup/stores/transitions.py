@@ -215,10 +215,7 @@ def retry(op: Retry, r: Records) -> bool:
     if rec is not None:  # it waits for the retry's publish to be confirmed (G11)
         rec.update(s="q", c=0, u=r.now + grace, w=r.now + op.delay_ms + grace)
         r.expire(job_name, r.now + op.ttl_ms)
-    run_name = r.name(op.key, "run")
-    running = r.get(run_name)
-    if running is not None and running["j"] == op.job_id:
-        r.delete(run_name)
+    release_if_holder(r, op.key, "run", op.job_id)
     lock_name = r.name(op.key, "lock")
     lock = r.get(lock_name)
     if lock is None or lock["j"] != op.job_id:
@@ -242,10 +239,7 @@ def finish(op: Finish, r: Records) -> FinishReply:
             {"s": "d", "o": "", "a": 1, "n": op.attempt, "f": 0, "m": 0},
             r.now + op.memory_ms,
         )
-    run_name = r.name(op.key, "run")
-    running = r.get(run_name)
-    if running is not None and running["j"] == op.job_id:
-        r.delete(run_name)
+    release_if_holder(r, op.key, "run", op.job_id)
     lock_name = r.name(op.key, "lock")
     lock = r.get(lock_name)
     if lock is None or lock["j"] != op.job_id:
@@ -262,15 +256,19 @@ def finish(op: Finish, r: Records) -> FinishReply:
     return FinishReply(True)
 
 
+def release_if_holder(r: Records, key: str, part: str, job_id: str) -> bool:
+    """Delete the ``part`` record of ``key`` ("lock" or "run") if ``job_id`` holds it."""
+    name = r.name(key, part)
+    rec = r.get(name)
+    if rec is None or rec["j"] != job_id:
+        return False
+    r.delete(name)
+    return True
+
+
 def release_locks(r: Records, key: str, job_id: str) -> bool:
-    released = False
-    for part in ("lock", "run"):
-        name = r.name(key, part)
-        rec = r.get(name)
-        if rec is not None and rec["j"] == job_id:
-            r.delete(name)
-            released = True
-    return released
+    released = release_if_holder(r, key, "lock", job_id)
+    return release_if_holder(r, key, "run", job_id) or released
 
 
 def release(op: Release, r: Records) -> bool:

@@ -21,7 +21,8 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "taskdedup"
 LAYERS: list[tuple[str, set[str]]] = [
     ("adapters", {"taskdedup.celery", "taskdedup.taskiq"}),
     ("runner", {"taskdedup.core", "taskdedup.background", "taskdedup.idempotency",
-                "taskdedup.reservations", "taskdedup.recent", "taskdedup.flow"}),
+                "taskdedup.reservations", "taskdedup.recent", "taskdedup.flow",
+                "taskdedup.declare"}),
     ("decide", {"taskdedup.decide"}),
     ("stores", {"taskdedup.stores"}),
     ("declarations", {"taskdedup.policy", "taskdedup.settings", "taskdedup.suggest",

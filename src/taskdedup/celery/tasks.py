@@ -16,11 +16,11 @@ from typing import Any, TypeVar, cast
 
 from celery.local import Proxy
 
+from ..declare import bind_limits, bind_policy, decorator_options, kept
 from ..errors import ConfigError
-from ..policy import OnConflict, Seconds, Strategy, TaskPolicy, given_options
+from ..policy import OnConflict, Seconds, Strategy, TaskPolicy
 from ..reservations import DEFAULT_TTL, ReservePolicy
 from ..settings import Settings
-from ..suggest import check_policy_names
 
 T = TypeVar("T")
 _BOUND = "_taskdedup_bound"
@@ -48,10 +48,8 @@ def deduplicate(
     Options left out take the app's defaults (``taskdedup_default_strategy`` and friends).
     A bad option raises ConfigError here, when the task is defined.
     """
-    given = dict(locals())
     try:
-        check_policy_names({name: value for name, value in given.items() if value is not None})
-        options = given_options(given)
+        options = decorator_options(dict(locals()))
     except ConfigError as exc:  # raised as the task is defined, naming it
         return _refuse(exc)
 
@@ -145,7 +143,7 @@ def _check(name: str, fn: Callable[..., Any], attr: str, options: Any) -> None:
     if attr == "deduplicate":
         Settings().policy(options).bind(name, fn)
     else:
-        _limits(name, fn, options)
+        bind_limits(options, name, fn)
 
 
 def declared(task: Any, attr: str, function_attr: str) -> Any:
@@ -158,47 +156,15 @@ def task_policy(task: Any, defaults: Settings) -> TaskPolicy | None:
     """The task's bound policy (cached on the task), or None when it declares none."""
 
     def bind(options: Any) -> TaskPolicy:
-        try:
-            check_policy_names(options)
-            policy = defaults.policy(options)
-        except ConfigError as exc:
-            raise ConfigError(f"task {task.name!r}: {exc}") from None
-        return policy.bind(task.name, task_function(task))  # its errors name the task
+        return bind_policy(defaults, options, task.name, task_function(task))
 
-    options = declared(task, "deduplicate", FUNCTION_ATTR)
-    return cast("TaskPolicy | None", _declared(task, options, _BOUND, bind))
+    return kept(task, declared(task, "deduplicate", FUNCTION_ATTR), _BOUND, bind)
 
 
 def task_limits(task: Any) -> ReservePolicy | None:
     """The task's reservation cap (cached on the task), or None when it declares none."""
-    options = declared(task, "reserve", RESERVE_ATTR)
 
     def build(options: Any) -> ReservePolicy:
-        return _limits(task.name, task_function(task), options)
+        return bind_limits(options, task.name, task_function(task))
 
-    return cast("ReservePolicy | None", _declared(task, options, _LIMITS, build))
-
-
-def _limits(name: str, fn: Callable[..., Any], options: Any) -> ReservePolicy:
-    try:
-        limits = ReservePolicy.from_options(options)
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"task {name!r}: reserve: {exc}") from None
-    try:
-        limits.check(name, fn)  # its ConfigErrors name the task
-    except TypeError as exc:
-        raise ConfigError(f"task {name!r}: reserve: {exc}") from None
-    return limits
-
-
-def _declared(task: Any, options: Any, cache: str, build: Callable[[Any], T]) -> T | None:
-    """``build(options)``, kept on the task under ``cache`` until the declaration changes
-    (a subclass may declare its own); None when the task declares nothing."""
-    if options is None or options is False:
-        return None
-    cached = getattr(task, cache, None)
-    if cached is not None and cached[0] is options:
-        return cast(T, cached[1])
-    built = build(options)
-    setattr(task, cache, (options, built))
-    return built
+    return kept(task, declared(task, "reserve", RESERVE_ATTR), _LIMITS, build)

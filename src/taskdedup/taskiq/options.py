@@ -21,12 +21,13 @@ from taskiq.message import TaskiqMessage
 from taskiq_dependencies.dependency import Dependency
 
 from ..decide import envelope
+from ..declare import bind_limits, bind_policy, decorator_options, kept
 from ..errors import ConfigError
-from ..policy import STRATEGIES, OnConflict, Policy, Seconds, Strategy, TaskPolicy, given_options
+from ..policy import STRATEGIES, OnConflict, Policy, Seconds, Strategy, TaskPolicy
 from ..reservations import DEFAULT_TTL as DEFAULT_RESERVE_TTL
 from ..reservations import ReservePolicy
 from ..settings import Settings
-from ..suggest import check_policy_names, did_you_mean
+from ..suggest import did_you_mean
 
 T = TypeVar("T")
 
@@ -98,9 +99,7 @@ def deduplicate(
     Options left out take the middleware's defaults (``default_strategy`` and friends). A bad
     option, or a ``keys=`` name the function does not take, raises ConfigError here.
     """
-    given = dict(locals())
-    check_policy_names({name: value for name, value in given.items() if value is not None})
-    options = given_options(given)
+    options = decorator_options(dict(locals()))
 
     def apply(target: T) -> T:
         if isinstance(target, AsyncTaskiqDecoratedTask):
@@ -141,18 +140,11 @@ def task_limits(task: AsyncTaskiqDecoratedTask[Any, Any]) -> ReservePolicy | Non
     options = task.labels.get(RESERVE_LABEL)
     if options is None:
         options = getattr(task_function(task), RESERVE_ATTR, None)
-    if options is None or options is False:
-        return None
-    cached = getattr(task, "_taskdedup_limits", None)
-    if cached is not None and cached[0] is options:
-        return cast(ReservePolicy, cached[1])
-    try:
-        limits = ReservePolicy.from_options(options)
-        limits.check(task.task_name, call_shape(task_function(task)))
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"task {task.task_name!r}: reserve: {exc}") from None
-    task._taskdedup_limits = (options, limits)  # type: ignore[attr-defined]
-    return limits
+
+    def build(options: Any) -> ReservePolicy:
+        return bind_limits(options, task.task_name, call_shape(task_function(task)))
+
+    return kept(task, options, "_taskdedup_limits", build)
 
 
 def task_function(task: AsyncTaskiqDecoratedTask[Any, Any]) -> Callable[..., Any]:
@@ -240,11 +232,10 @@ class Policies:
             return cached[1]
         try:
             merged = _merge(base, overrides)
-            check_policy_names(merged)
-            policy = self.settings.policy(merged)
         except ConfigError as exc:
             raise ConfigError(f"task {task.task_name!r}: {exc}") from None
-        bound = policy.bind(task.task_name, call_shape(task_function(task)))  # names the task
+        fn = call_shape(task_function(task))
+        bound = bind_policy(self.settings, merged, task.task_name, fn)
         self._cache[cache_key] = (base, bound)
         return bound
 

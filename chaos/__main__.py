@@ -72,7 +72,8 @@ def summary(report: dict[str, Any]) -> list[str]:
         f"celery/celery#7950: {u['lost_in_transport']})",
         f"keys still held one lease after the load: {h['count']}  ({h['records']} lock records "
         f"on the store; not counted: {h['held_by_jobs_lost_in_transport']} held by jobs lost "
-        f"in the transport)",
+        f"in the transport, {h['held_by_revoked_jobs_whose_release_died_with_its_worker']} by "
+        f"revoked jobs whose worker was killed while the store could not take their release)",
         f"revoked/expired keys still held: {h['revoked_count']}",
     ]
     return lines

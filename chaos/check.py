@@ -108,6 +108,10 @@ class Jobs:
     #: worker last consumed it (acknowledged, or rejected without requeue)
     held_messages: dict[str, float] = dataclasses.field(default_factory=dict)
     acked_messages: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: when the store could not answer (stalled or stopped), and when a whole worker was
+    #: killed or found dead
+    store_outages: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    worker_deaths: list[float] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.submits: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -118,6 +122,7 @@ class Jobs:
             elif entry["ev"] == "revoke" and "error" not in entry:
                 self.revoked.add(entry["job"])
         self.revoked |= {job for job, st in self.states.items() if st.get("status") == "REVOKED"}
+        self.revoked_at = {e["job"]: e["t"] for e in self.ledger if e["ev"] == "revoke"}
         #: per job: when each of its messages not consumed was last seen (published or held)
         self.unconsumed: dict[str, list[float]] = defaultdict(list)
         self.sent: dict[str, int] = defaultdict(int)
@@ -145,6 +150,20 @@ class Jobs:
             kill >= seen - CLOCK_SLACK
             for seen in self.unconsumed.get(job, ())
             for kill in self.consumer_kills
+        )
+
+    def release_died_with_its_worker(self, job: str) -> bool:
+        """A revoked job whose worker could not tell the store (it was stalled or stopped)
+        and was killed before the store answered again: the release it kept to send when
+        the store is back died with it, and the key lapses after its ttl. A known limit
+        (README, *Guarantees*): pending releases live in the worker's memory."""
+        revoked = self.revoked_at.get(job)
+        if revoked is None:
+            return False
+        return any(
+            start - 1.0 <= revoked <= end
+            and any(revoked <= t <= end + 1.0 for t in self.worker_deaths)
+            for start, end in self.store_outages
         )
 
     def about(self, job: str | None) -> dict[str, Any]:
@@ -278,11 +297,15 @@ def still_held(
     samples: list[dict[str, Any]] = []
     revoked_held: list[dict[str, Any]] = []
     transport: list[dict[str, Any]] = []
+    died: list[dict[str, Any]] = []
     for record in held:
         task, name = digests.get(record["digest"], ("?", "?"))
         item = {**record, "task": task, "name": name, **jobs.about(record.get("job"))}
         if record.get("job") and jobs.lost_in_transport(record["job"]):
             transport.append(item)
+            continue
+        if record.get("job") and jobs.release_died_with_its_worker(record["job"]):
+            died.append(item)
             continue
         samples.append(item)
         if record.get("job") in jobs.revoked:
@@ -291,6 +314,8 @@ def still_held(
         "count": len({h["digest"] for h in samples}),
         "records": len(held),
         "held_by_jobs_lost_in_transport": len(transport),
+        "held_by_revoked_jobs_whose_release_died_with_its_worker": len(died),
+        "release_died_samples": died[:SAMPLES],
         "samples": samples[:SAMPLES],
         "revoked_count": len({h["digest"] for h in revoked_held}),
         "revoked_samples": revoked_held[:SAMPLES],

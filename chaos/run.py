@@ -327,6 +327,8 @@ class Soak:
             },
             {tag: float(t) for tag, t in self.records.hgetall(HELD).items()},
             {tag: float(t) for tag, t in self.records.hgetall(ACKED).items()},
+            [(f["from"], f["to"]) for f in self.faults if f["fault"] in ("stall", "store_stop")],
+            sorted([kill["t"] for kill in self.kills if kill["kind"] == "worker"] + self.deaths),
         )
         digests, mismatched = key_digests(events, self.o.names)
         submits = [e for e in ledger if e["ev"] == "submit"]

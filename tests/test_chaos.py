@@ -143,6 +143,23 @@ def test_unfinished_detector_counts_lost_jobs_and_excuses_only_revoked_ones() ->
     assert result["lost_in_transport"] == 4
 
 
+def test_held_detector_sets_apart_a_revoked_job_whose_worker_died_during_a_store_outage() -> None:
+    held = [
+        {"digest": "d1", "kind": "lock", "job": "A", "pttl_ms": 500_000},
+        {"digest": "d2", "kind": "lock", "job": "B", "pttl_ms": 500_000},
+    ]
+    ledger = [
+        submit("A"),
+        submit("B"),
+        {"ev": "revoke", "job": "A", "t": 10.5},  # in the outage, its worker killed in it
+        {"ev": "revoke", "job": "B", "t": 30.0},  # no outage then: counted
+    ]
+    jobs = check.Jobs(ledger, store_outages=[(10.0, 13.0)], worker_deaths=[11.0])
+    result = check.still_held(held, {}, jobs, [])
+    assert result["count"] == 1 and result["samples"][0]["job"] == "B"
+    assert result["held_by_revoked_jobs_whose_release_died_with_its_worker"] == 1
+
+
 def test_held_detector_counts_held_keys_and_those_of_revoked_jobs() -> None:
     held = [
         {"digest": "d1", "kind": "lock", "job": "A", "pttl_ms": 500_000},

@@ -90,7 +90,7 @@ def peek(op: Peek, r: Records) -> AcquireReply | None:
 def claim(op: Claim, r: Records) -> ClaimReply:
     job_name = r.name(op.key, "job:" + op.job_id)
     rec = r.get(job_name)
-    attempts, replaces = 1, None  # the retry (its number) this run stands in for, if any
+    attempts = 1
     if rec is not None:
         if rec["s"] == "d":  # a finished job holds nothing: free what a late re-send took
             release_locks(r, op.key, op.job_id)
@@ -104,15 +104,13 @@ def claim(op: Claim, r: Records) -> ClaimReply:
             wait = rec.get("w", 0) if rec.get("c", 1) else rec["u"]
             if wait > r.now:
                 return ClaimReply("running", rec["f"], rec["a"], rec["o"])
-            replaces = rec["n"] + 1
         if rec["s"] == "r":
             newer = op.attempt is not None and rec["n"] is not None and op.attempt > rec["n"]
-            if newer and rec.get("x") is not None and op.attempt <= rec["x"]:
-                newer = False  # the retry this run stands in for
             lost = bool(rec.get("k")) and rec.get("k") in op.lost_claims
             if lost:  # that claim's run never started: it was no attempt
                 attempts -= 1
-            if rec["u"] > r.now and not newer and not lost:
+            # a live run holds the job, whatever this delivery's attempt number (G12)
+            if rec["u"] > r.now and not lost:
                 return ClaimReply("running", rec["f"], rec["a"], rec["o"])
             if not newer and op.max_attempts and attempts > op.max_attempts:
                 rec["s"] = "d"
@@ -165,7 +163,6 @@ def claim(op: Claim, r: Records) -> ClaimReply:
             "u": r.now + op.lease_ms,
             "a": attempts,
             "n": op.attempt,
-            "x": replaces,
             "f": fence,
             "m": op.memory_ms,
             "k": op.nonce,

@@ -248,18 +248,33 @@ def test_retry_keeps_the_lock_and_is_not_a_duplicate_of_itself(h: Harness) -> No
     assert again.outcome == "run" and again.attempts == 2
 
 
-def test_a_retry_that_starts_before_the_first_attempts_hooks_keeps_its_lock(h: Harness) -> None:
+def test_a_retry_delivered_while_its_attempt_is_recorded_running_waits_for_it(h: Harness) -> None:
+    """The retried message arrives while attempt 0 is still recorded as running (its retry
+    hook has not reached the store yet): it waits rather than run beside what may still be a
+    live run, and runs once attempt 0's hooks are in; attempt 0's late finish is stale."""
     k = new_key()
     h.store.run(acquire(k, "A"))
     h.store.run(claim(k, "A", attempt=0))
-    # the retried message is delivered while attempt 0 is still recorded as running
+    assert h.store.run(claim(k, "A", attempt=1, owner="w2")).outcome == "running"
+    assert h.store.run(Retry(k, "A", HOUR, attempt=0)) is True
     assert h.store.run(claim(k, "A", attempt=1, owner="w2")).outcome == "run"
-    # attempt 0's late hooks change nothing
-    assert h.store.run(Retry(k, "A", HOUR, attempt=0)) is False
     assert h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=0)).stale
     info = h.store.run(Inspect(k))
     assert info is not None and info.state == "running" and info.job_id == "A"
     assert h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, attempt=1)).released
+
+
+def test_a_later_attempt_never_runs_beside_a_live_run_of_an_earlier_one(h: Harness) -> None:
+    """Found by the soak (CI): attempt 1 ran and its retry reached the broker, not the store
+    (it was down); its record lapsed; a stale copy of attempt 0 then ran, and the retry,
+    attempt 2, arrived while it ran. A higher attempt number does not make a run newer than
+    a live one: it waits for it."""
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    assert h.store.run(claim(k, "A", "release", attempt=1, lease_ms=1_000)).outcome == "run"
+    h.after(1, lambda: h.store.run(JobState(k, "A")) == "none")  # attempt 1's record lapsed
+    assert h.store.run(claim(k, "A", "release", attempt=0, owner="w2")).outcome == "run"
+    assert h.store.run(claim(k, "A", "release", attempt=2, owner="w3")).outcome == "running"
 
 
 def test_a_copy_of_an_attempt_that_asked_for_a_retry_waits_for_that_retry(h: Harness) -> None:

@@ -8,9 +8,8 @@
 local job, owner = ARGV[1], ARGV[2]
 local lease, ttl, memory = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local now = now_ms()
-local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f', 'k', 'c', 'w', 'x')
+local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f', 'k', 'c', 'w')
 local attempts = 1
-local replaces = ''  -- the retry (its number) this run stands in for, if any
 if rec[1] then
   if rec[1] == 'd' then  -- a finished job holds nothing: free what a late re-send took
     release_if_holder(KEYS[1], job)
@@ -24,19 +23,19 @@ if rec[1] then
     -- again while it ran). The retry is the job's next run: the copy waits while the retry
     -- may still be sent (unconfirmed, within the grace) or, sent, may still come (its delay
     -- plus the grace). Past that the retry never went out, or the broker lost it: the copy
-    -- runs in its stead ('x'), and the retry, should it come, is not newer than this run.
+    -- runs in its stead, and the retry, should it come, waits for that run (below).
     local confirmed = rec[8] ~= '0'
     local wait = tonumber((confirmed and rec[9] or rec[3]) or 0)
     if wait > now then return {'running', rec[6], rec[4], rec[2]} end
-    replaces = tostring(tonumber(rec[5]) + 1)
   end
   if rec[1] == 'r' then
+    -- a live run holds the job, whatever this delivery's attempt number: a later attempt
+    -- (its retry reached the broker, not the store) waits for it, never runs beside it (G12)
     local newer = ARGV[8] ~= '' and rec[5] and rec[5] ~= '' and tonumber(ARGV[8]) > tonumber(rec[5])
-      and not (rec[10] and rec[10] ~= '' and tonumber(ARGV[8]) <= tonumber(rec[10]))
     local lost = rec[7] and rec[7] ~= '' and ARGV[13] and
       string.find(',' .. ARGV[13] .. ',', ',' .. rec[7] .. ',', 1, true)
     if lost then attempts = attempts - 1 end  -- that claim's run never started: no attempt
-    if tonumber(rec[3]) > now and not newer and not lost then
+    if tonumber(rec[3]) > now and not lost then
       return {'running', rec[6], rec[4], rec[2]}
     end
     local most = tonumber(ARGV[9])
@@ -93,6 +92,6 @@ if ARGV[6] == '1' then
   redis.call('PEXPIRE', KEYS[2], lease)
 end
 redis.call('HSET', KEYS[3], 's', 'r', 'o', owner, 'u', int(now + lease), 'a', int(attempts),
-  'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '', 'x', replaces)
+  'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '')
 redis.call('PEXPIRE', KEYS[3], lease + memory)
 return {'run', fence, int(attempts), owner, handoff, payload}

@@ -245,6 +245,12 @@ class Deduplicator(Runner):
         step = self._plan_claim(policy, job_id, delivery)
         return step if isinstance(step, Admission) else await self._arun(step)
 
+    def plan_claim(
+        self, tp: TaskPolicy, job_id: str, **delivery: Any
+    ) -> Admission | Step[Admission]:
+        """:meth:`claim` without running it."""
+        return self._plan_claim(tp, job_id, delivery)
+
     def _plan_claim(
         self, tp: TaskPolicy, job_id: str, delivery: dict[str, Any]
     ) -> Admission | Step[Admission]:
@@ -331,20 +337,21 @@ class Deduplicator(Runner):
         self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None
     ) -> Completion:
         """The job ended for good (success or final failure): release, throttle or hand off."""
-        if not self.active(policy.task):  # the kill switch: no store command at all (G16)
-            return Completion(False)
-        return self._run(self._plan_finish(policy, key, job_id, attempt))
+        plan = self.plan_finish(policy, key, job_id, attempt)
+        return plan if isinstance(plan, Completion) else self._run(plan)
 
     async def afinish(
         self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None
     ) -> Completion:
-        if not self.active(policy.task):
-            return Completion(False)
-        return await self._arun(self._plan_finish(policy, key, job_id, attempt))
+        plan = self.plan_finish(policy, key, job_id, attempt)
+        return plan if isinstance(plan, Completion) else await self._arun(plan)
 
-    def _plan_finish(
-        self, tp: TaskPolicy, key: str, job_id: str, attempt: int | None
-    ) -> Step[Completion]:
+    def plan_finish(
+        self, tp: TaskPolicy, key: str, job_id: str, attempt: int | None = None
+    ) -> Completion | Step[Completion]:
+        """:meth:`finish` without running it."""
+        if not self.active(tp.task):  # the kill switch: no store command at all (G16)
+            return Completion(False)
         return plan_finish(self.settings, tp, key, job_id, attempt, note=self.note, new_id=new_id)
 
     def release(self, key: str, job_id: str, *, task: str = "?", queued_only: bool = False) -> bool:

@@ -3,7 +3,8 @@
 A *flow* is a generator that yields what it needs done, a store operation (answered with its
 reply, or with the store's exception thrown into the flow) or a :class:`Pause`, and returns its
 result. :func:`drive` runs it with blocking calls (Celery), :func:`adrive` from asyncio
-(taskiq): the rules are written once, in the flow.
+(taskiq): the rules are written once, in the flow. Anything else a flow yields goes to the
+driver's ``act`` (a planned decision, a request for the framework), answered the same way.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
 from .stores.base import Op, Store
 
 T = TypeVar("T")
-Flow = Generator["Op[Any] | Pause", Any, T]
+Flow = Generator[Any, Any, T]  # yields an Op, a Pause, or what the driver's ``act`` takes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -27,7 +28,7 @@ class Pause:
     seconds: float
 
 
-def drive(flow: Flow[T], store: Store) -> T:
+def drive(flow: Flow[T], store: Store, act: Callable[[Any], Any] | None = None) -> T:
     """Run ``flow`` with blocking store calls and sleeps."""
     try:
         step = next(flow)
@@ -37,7 +38,7 @@ def drive(flow: Flow[T], store: Store) -> T:
                 step = flow.send(None)
                 continue
             try:
-                reply = store.run(step)
+                reply = store.run(step) if act is None or isinstance(step, Op) else act(step)
             except Exception as exc:
                 step = flow.throw(exc)
             else:
@@ -46,7 +47,9 @@ def drive(flow: Flow[T], store: Store) -> T:
         return done.value  # type: ignore[no-any-return]
 
 
-async def adrive(flow: Flow[T], store: Store) -> T:
+async def adrive(
+    flow: Flow[T], store: Store, act: Callable[[Any], Awaitable[Any]] | None = None
+) -> T:
     """Run ``flow`` from asyncio: store calls awaited, pauses without blocking the loop."""
     try:
         step = next(flow)
@@ -56,7 +59,10 @@ async def adrive(flow: Flow[T], store: Store) -> T:
                 step = flow.send(None)
                 continue
             try:
-                reply = await store.arun(step)
+                if act is None or isinstance(step, Op):
+                    reply = await store.arun(step)
+                else:
+                    reply = await act(step)
             except Exception as exc:
                 step = flow.throw(exc)
             else:

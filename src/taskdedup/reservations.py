@@ -269,12 +269,12 @@ class ReservationGuard:
 
     def release(self, scope: str, member: str) -> bool:
         """Free ``member``'s slot (a reservation id or a job id); False if it held none."""
-        return drive(self._release(scope, member), self.store)
+        return drive(self.release_flow(scope, member), self.store)
 
     async def arelease(self, scope: str, member: str) -> bool:
-        return await adrive(self._release(scope, member), self.store)
+        return await adrive(self.release_flow(scope, member), self.store)
 
-    def _release(self, scope: str, member: str) -> Flow[bool]:
+    def release_flow(self, scope: str, member: str) -> Flow[bool]:
         if not self.enabled:
             return False
         released: bool = yield Unreserve(scope, member)
@@ -291,14 +291,14 @@ class ReservationGuard:
         rather than run it over the cap. Without ``max_concurrent`` it starts anyway. None: no
         slot to renew (the guard is off, or a dry run let the job start over the cap).
         """
-        return drive(self._start(scope, job_id, lease, max_concurrent), self.store)
+        return drive(self.start_flow(scope, job_id, lease, max_concurrent), self.store)
 
     async def astart(
         self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None = None
     ) -> Lease | None:
-        return await adrive(self._start(scope, job_id, lease, max_concurrent), self.store)
+        return await adrive(self.start_flow(scope, job_id, lease, max_concurrent), self.store)
 
-    def _start(
+    def start_flow(
         self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None
     ) -> Flow[Lease | None]:
         if not self.enabled:

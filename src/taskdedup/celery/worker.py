@@ -14,13 +14,15 @@ import contextlib
 import functools
 import logging
 import time
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from ..decide import FULL_DELAY, Admission, Ticket
+from .. import delivery
+from ..decide import Admission, Ticket
 from ..decide.envelope import Waits
 from ..errors import QuotaExceeded, StoreUnavailable
+from ..flow import Flow
 from ..policy import TaskPolicy
 from ..stores.base import Lease
 from .messages import (
@@ -37,6 +39,7 @@ log = logging.getLogger("taskdedup")
 #: its claim before it fails visibly.
 STAY_AT_MOST = 600.0
 RESEND = {RESEND_OPTION: True}  # publish options of the worker's own publishes
+T = TypeVar("T")
 
 
 def wrap_task(worker: Worker, task: Any) -> None:
@@ -56,7 +59,8 @@ def wrap_task(worker: Worker, task: Any) -> None:
 
 
 class Worker:
-    """Runs one delivery of a deduplicated task through claim, heartbeat and finish."""
+    """Runs one delivery of a deduplicated task through claim, heartbeat and finish (the rules
+    are :mod:`taskdedup.delivery`'s; this maps them to Celery: Ignore, a re-send, Reject)."""
 
     def __init__(self, integ: CeleryDedup) -> None:
         self.integ = integ
@@ -65,10 +69,21 @@ class Worker:
         request = task.request
         if request.id is None or request.called_directly:
             return original(*args, **kwargs)
-        policy = task_policy(task, self.integ.settings)
-        slot = self._start_slot(task, policy, args, kwargs)  # first: a full scope defers the job
-        admission = self._claim(task, policy, args, kwargs, slot) if policy is not None else None
-        heartbeat = self.integ.heartbeat()
+        d = self._delivery(task, args, kwargs)
+        integ = self.integ
+        started = self._drive(
+            task, delivery.start_slot(integ.reservations, d, integ.settings.default_lease)
+        )
+        if isinstance(started, delivery.Verdict):  # first: a full scope defers the job
+            try:
+                resend(task, args, kwargs, started.delay, started.waits)
+            except Exception:  # the job fails here: free its lock first (G5)
+                self._free_lock(task, d.policy, args, kwargs)
+                raise
+            raise Ignore()
+        slot = started
+        admission = self._claim(task, d, slot)
+        heartbeat = integ.heartbeat()
         leases = [admission.lease] if admission is not None and admission.lease else []
         if slot is not None:
             leases.append(slot)
@@ -80,62 +95,65 @@ class Worker:
             raise  # a retry moved the lock to QUEUED (and kept the slot) when it was published
         except Reject as exc:
             if not exc.requeue:
-                self._finish(task, policy, admission, slot)
+                self._end(task, d, admission, slot)
             raise
         except BaseException:  # a final failure: autoretry_for turns retryable ones into Retry
-            self._finish(task, policy, admission, slot)
+            self._end(task, d, admission, slot)
             raise
         finally:
             for lease in leases:
                 heartbeat.discard(lease)
-        self._finish(task, policy, admission, slot)
+        self._end(task, d, admission, slot)
         return result
 
-    def _claim(
-        self,
-        task: Any,
-        policy: TaskPolicy,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        slot: Lease | None,
-    ) -> Admission:
+    def _delivery(self, task: Any, args: Any, kwargs: Any) -> delivery.Delivery:
+        request = task.request
+        limits = task_limits(task)
+        return delivery.Delivery(
+            task.name,
+            request.id,
+            task_policy(task, self.integ.settings),
+            attempt=request.retries or 0,
+            scope=header(request, SCOPE_HEADER) or None,
+            cap=limits.max_concurrent if limits is not None else None,
+            key=header(request, KEY_HEADER) or None,
+            args=args,
+            kwargs=kwargs,
+            queue=(request.delivery_info or {}).get("routing_key"),
+            waits=Waits.read(lambda name: header(request, name)),
+        )
+
+    def _drive(self, task: Any, flow: Flow[T]) -> T:
+        def hand_off(owed: delivery.HandOff) -> None:
+            self._publish_handoff(task, owed.key, owed.handoff)
+
+        return delivery.run(flow, self.integ.dedup, hand_off)
+
+    def _claim(self, task: Any, d: delivery.Delivery, slot: Lease | None) -> Admission | None:
         """Claim the job, or raise Ignore when this delivery must not run now: it is dropped
         (a copy of a finished job) or sent again later (busy, its holder running, the store
         down). A delivery the broker will not take back waits here and asks again, so it is
         never lost (G14); after STAY_AT_MOST seconds (read at each call) it gives up:
         see :meth:`_give_up`."""
         request = task.request
-        key = header(request, KEY_HEADER)
-        queue = (request.delivery_info or {}).get("routing_key")
-        waits = Waits.read(lambda name: header(request, name))
         give_up = time.monotonic() + STAY_AT_MOST
         while True:
-            admission = self.integ.dedup.claim(
-                policy,
-                request.id,
-                key=key,
-                args=args,
-                kwargs=kwargs,
-                queue=queue,
-                attempt=request.retries or 0,
-                store_waits=waits.store_waits,
-                lost_claims=waits.lost_claims,
+            verdict = self._drive(
+                task, delivery.claim(self.integ.dedup, self.integ.reservations, d, slot)
             )
-            key = admission.key
-            if admission.handoff is not None:
-                self._publish_handoff(task, admission.key, admission.handoff)
-            if admission.should_run:
-                break
-            if admission.retry_after is None:  # a copy of a finished job: over
-                if slot is not None:
-                    release_slot(self.integ, slot.key, slot.job_id)
-                self._not_running(task, admission, "dropped")
-            waits = waits.after(admission)
+            admission = verdict.admission
+            if verdict.action == "run":
+                if admission is not None:
+                    request.taskdedup_key = admission.key
+                    request.taskdedup_fence = admission.fence
+                return admission
+            if verdict.action == "drop" or admission is None:
+                raise Ignore()
             try:
-                resend(task, args, kwargs, admission.retry_after, waits)
+                resend(task, d.args, d.kwargs, verdict.delay, verdict.waits)
             except Exception as exc:
-                if time.monotonic() + admission.retry_after > give_up:
-                    self._give_up(task, policy, args, kwargs, admission, exc)
+                if time.monotonic() + verdict.delay > give_up:
+                    self._give_up(task, d, admission, exc)
                 log.warning(
                     "taskdedup: could not send %s[%s] back to the broker (%s): %s; it waits "
                     "here and asks again in %gs",
@@ -143,23 +161,15 @@ class Worker:
                     request.id,
                     admission.outcome,
                     exc,
-                    admission.retry_after,
+                    verdict.delay,
                 )
-                time.sleep(admission.retry_after)
+                time.sleep(verdict.delay)
+                d.key, d.waits = admission.key, verdict.waits
                 continue
-            self._not_running(task, admission, f"sent again in {admission.retry_after:g}s")
-        request.taskdedup_key = admission.key
-        request.taskdedup_fence = admission.fence
-        return admission
+            raise Ignore()
 
     def _give_up(
-        self,
-        task: Any,
-        policy: TaskPolicy,
-        args: Any,
-        kwargs: Any,
-        admission: Admission,
-        exc: Exception,
+        self, task: Any, d: delivery.Delivery, admission: Admission, exc: Exception
     ) -> NoReturn:
         """The broker would not take this delivery back for STAY_AT_MOST seconds. If the store
         never answered, the job fails visibly, its lock freed first (G5). If another run holds
@@ -169,7 +179,7 @@ class Worker:
         the job runs (it renewed its lease all the while), and a failure would be written
         under its id while it runs. A busy job acknowledged already fails visibly."""
         if admission.outcome == "store_unavailable":
-            self._free_lock(task, policy, args, kwargs)
+            self._free_lock(task, d.policy, d.args, d.kwargs)
             raise exc
         acks_late = bool(getattr(task, "acks_late", False))
         if acks_late or admission.outcome == "running":
@@ -185,38 +195,6 @@ class Worker:
             raise Reject(exc, requeue=True) from exc
         raise exc
 
-    def _start_slot(
-        self, task: Any, policy: TaskPolicy | None, args: Any, kwargs: Any
-    ) -> Lease | None:
-        """The job holds its scope's slot for one lease from now, renewed by the heartbeat.
-        A job that has no slot and finds its scope full is sent again later (Ignore)."""
-        scope = header(task.request, SCOPE_HEADER)
-        if not scope:
-            return None
-        lease = policy.policy.lease_seconds if policy else self.integ.settings.default_lease
-        limits = task_limits(task)
-        cap = limits.max_concurrent if limits is not None else None
-        try:
-            return self.integ.reservations.start(scope, task.request.id, lease, cap)
-        except StoreUnavailable as exc:
-            log.warning("taskdedup: could not renew the slot of %s: %s", task.request.id, exc)
-            return None
-        except QuotaExceeded:
-            try:
-                resend(task, args, kwargs, FULL_DELAY)
-            except Exception:  # the job fails here: free its lock first (G5)
-                self._free_lock(task, policy, args, kwargs)
-                raise
-            log.info(
-                "taskdedup: not starting %s[%s]: it holds no slot and scope %s is full; "
-                "sent again in %gs",
-                task.name,
-                task.request.id,
-                scope,
-                FULL_DELAY,
-            )
-            raise Ignore() from None
-
     def _free_lock(self, task: Any, policy: TaskPolicy | None, args: Any, kwargs: Any) -> None:
         """Release the enqueue lock this (unclaimed) job holds, if any."""
         if policy is None:
@@ -227,19 +205,12 @@ class Worker:
         with contextlib.suppress(StoreUnavailable):  # else it lapses after its ttl
             self.integ.dedup.publish_failed(Ticket("acquired", request.id, key))
 
-    def _finish(
-        self, task: Any, policy: Any, admission: Admission | None, slot: Lease | None
+    def _end(
+        self, task: Any, d: delivery.Delivery, admission: Admission | None, slot: Lease | None
     ) -> None:
         """The job ended for good: free its slot, then release, keep or hand on its lock."""
-        if slot is not None:
-            release_slot(self.integ, slot.key, slot.job_id)
-        if admission is None or admission.key is None:
-            return
-        done = self.integ.dedup.finish(
-            policy, admission.key, admission.job_id, attempt=task.request.retries or 0
-        )
-        if done.handoff is not None:
-            self._publish_handoff(task, admission.key, done.handoff)
+        integ = self.integ
+        self._drive(task, delivery.end(integ.dedup, integ.reservations, d, admission, slot))
 
     def _publish_handoff(self, task: Any, key: str | None, handoff: Any) -> None:
         """Publish the one rescheduled run (reschedule_once) under the id the lock holds,
@@ -286,17 +257,6 @@ class Worker:
                 scope, limits.max_concurrent, limits.ttl_seconds, member=job_id
             )
         return scope
-
-    def _not_running(self, task: Any, admission: Admission, action: str) -> NoReturn:
-        log.info(
-            "taskdedup: not running %s[%s]: %s (holder %s), %s",
-            task.name,
-            admission.job_id,
-            admission.outcome,
-            admission.holder,
-            action,
-        )
-        raise Ignore()
 
 
 def resend(task: Any, args: Any, kwargs: Any, delay: float, waits: Waits | None = None) -> None:

@@ -22,18 +22,18 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from taskiq.decor import AsyncTaskiqDecoratedTask
 from taskiq.exceptions import NoResultError
 from taskiq.message import TaskiqMessage
 from taskiq.result import TaskiqResult
 
+from .. import delivery
 from ..background import AsyncHeartbeat
-from ..decide import FULL_DELAY, Admission
+from ..decide import Admission
 from ..decide.envelope import Waits
-from ..errors import QuotaExceeded, StoreUnavailable
-from ..policy import TaskPolicy
+from ..flow import Flow
 from ..stores.base import Lease
 from .options import (
     ATTEMPT_LABEL,
@@ -47,11 +47,12 @@ from .options import (
     set_label,
     task_limits,
 )
-from .resend import Resender, free_slot
+from .resend import Resender
 from .sends import queue_of
 from .state import DedupState
 
 log = logging.getLogger("taskdedup")
+T = TypeVar("T")
 
 
 _running: set[str] = set()  # sync deliveries whose thread is still in the task function
@@ -119,15 +120,15 @@ def guard(task: AsyncTaskiqDecoratedTask[Any, Any]) -> None:
 class Run:
     """One admitted delivery, from ``pre_execute`` to ``post_execute``."""
 
-    policy: TaskPolicy
+    delivery: delivery.Delivery
     admission: Admission
-    attempt: int
     retried: bool = False  # a retry of this attempt was sent: keep the lock
     error: BaseException | None = None  # what the task raised (before middlewares changed it)
 
 
 class Worker:
-    """Claim, heartbeat, retry and finish for the deliveries of one broker's worker."""
+    """Claim, heartbeat, retry and finish for the deliveries of one broker's worker (the rules
+    are :mod:`taskdedup.delivery`'s; this maps them to taskiq: a guard, labels, a re-send)."""
 
     def __init__(self, middleware: DedupState) -> None:
         self.mw = middleware
@@ -152,68 +153,48 @@ class Worker:
         if policy is None and not label(message, SCOPE_LABEL):
             return message
         guard(task)
-        try:  # first: a job without a slot that finds its scope full is sent again later
-            slot = await self._take_slot(task, message, policy)
-        except QuotaExceeded:
-            await self._defer_full(message)
-            return message
-        if policy is None:
-            self._hold_slot(message, slot, attempt)
-            _mark_sync_run(task, message, attempt)
-            return message
-        waits = Waits.read(lambda name: label(message, name))
-        admission = await self.mw.dedup.aclaim(
-            policy,
+        limits = task_limits(task)
+        d = delivery.Delivery(
+            message.task_name,
             message.task_id,
+            policy,
+            attempt=attempt,
+            scope=label(message, SCOPE_LABEL) or None,
+            cap=limits.max_concurrent if limits is not None else None,
             key=label(message, KEY_LABEL) or None,
             args=message.args,
             kwargs=message.kwargs,
             queue=queue_of(broker, message),
-            attempt=attempt,
-            store_waits=waits.store_waits,
-            lost_claims=waits.lost_claims,
+            waits=Waits.read(lambda name: label(message, name)),
         )
-        if admission.handoff is not None:
-            await self.resender.hand_off(message, admission.key, admission.handoff)
-        if not admission.should_run:
-            if slot is not None and admission.retry_after is None:  # a finished job's copy
-                await free_slot(self.mw, slot.key, slot.job_id)
-            await self._skip(message, admission)
+        mw = self.mw
+        flow = delivery.admit(mw.dedup, mw.reservations, d, mw.settings.default_lease)
+        verdict = await self._drive(message, flow)
+        admission = verdict.admission
+        if verdict.action != "run":
+            message.kwargs[SKIP_KWARG] = admission.outcome if admission else verdict.why
+            if verdict.action == "resend":
+                await self.resender.later(message, verdict.delay, verdict.waits)
             return message
-        if admission.key is not None:
+        if admission is not None and admission.key is not None:
             set_label(message, KEY_LABEL, admission.key, parsed=True)
             set_label(message, FENCE_LABEL, admission.fence, parsed=True)
-        if admission.outcome == "run":
+        if admission is not None and admission.outcome == "run":
             # the retry middlewares bump _retries in this very labels dict when they re-send
             set_label(message, ATTEMPT_LABEL, attempt, parsed=True)
-            self.runs[(message.task_id, attempt)] = Run(policy, admission, attempt)
+            self.runs[(message.task_id, attempt)] = Run(d, admission)
             self._end_with_this_delivery((message.task_id, attempt))
             if admission.lease is not None:
                 self.heartbeat().add(admission.lease)
-        if admission.should_run:
-            self._hold_slot(message, slot, attempt)
-            _mark_sync_run(task, message, attempt)
+        self._hold_slot(message, verdict.slot, attempt)
+        _mark_sync_run(task, message, attempt)
         return message
 
-    async def _take_slot(
-        self,
-        task: AsyncTaskiqDecoratedTask[Any, Any],
-        message: TaskiqMessage,
-        policy: TaskPolicy | None,
-    ) -> Lease | None:
-        """The job's slot for one lease from now (taken now if its reservation lapsed or it
-        was sent without one), None without a scope or a store; QuotaExceeded: scope full."""
-        scope = label(message, SCOPE_LABEL)
-        if not scope:
-            return None
-        lease = policy.policy.lease_seconds if policy else self.mw.settings.default_lease
-        limits = task_limits(task)
-        cap = limits.max_concurrent if limits is not None else None
-        try:
-            return await self.mw.reservations.astart(scope, message.task_id, lease, cap)
-        except StoreUnavailable as exc:
-            log.warning("taskdedup: could not renew the slot of %s: %s", message.task_id, exc)
-            return None
+    async def _drive(self, message: TaskiqMessage, flow: Flow[T]) -> T:
+        async def hand_off(owed: delivery.HandOff) -> None:
+            await self.resender.hand_off(message, owed.key, owed.handoff)
+
+        return await delivery.arun(flow, self.mw.dedup, hand_off)
 
     def _hold_slot(self, message: TaskiqMessage, held: Lease | None, attempt: int) -> None:
         """The delivery runs: renew its slot by heartbeat until it ends."""
@@ -223,19 +204,6 @@ class Worker:
         self.slots[(message.task_id, attempt)] = [held, False]
         self._end_with_this_delivery((message.task_id, attempt))
         self.heartbeat().add(held)
-
-    async def _defer_full(self, message: TaskiqMessage) -> None:
-        """Do not run this delivery now: its scope is full and it holds no slot."""
-        message.kwargs[SKIP_KWARG] = "full"
-        log.info(
-            "taskdedup: not starting %s[%s]: it holds no slot and scope %s is full; "
-            "sent again in %gs",
-            message.task_name,
-            message.task_id,
-            label(message, SCOPE_LABEL),
-            FULL_DELAY,
-        )
-        await self.resender.later(message, FULL_DELAY)
 
     def _end_with_this_delivery(self, ident: tuple[str, int]) -> None:
         """If post_execute never runs for this delivery (another middleware raised first),
@@ -308,52 +276,37 @@ class Worker:
         run: Run | None,
         slot: list[Any] | None,
     ) -> None:
-        """The delivery is over: free or keep its slot, finish, keep or hand on its lock."""
-        await self._end_slot(result, slot)
-        if run is None or run.admission.key is None:
-            return
-        if run.admission.lease is not None:
-            self.heartbeat().discard(run.admission.lease)
-        dedup, key = self.mw.dedup, run.admission.key
-        if run.retried:
-            return  # the retry's send moved the lock back to QUEUED under this id
-        if _retry_scheduled(run, result):
-            # a retry middleware swapped the error for NoResultError without a send we saw
-            # (SmartRetryMiddleware with a schedule_source): keep the lock for that retry
-            await dedup.aretry(run.policy, key, message.task_id, attempt=attempt)
-            return
-        done = await dedup.afinish(run.policy, key, message.task_id, attempt=attempt)
-        if done.handoff is not None:
-            await self.resender.hand_off(message, key, done.handoff)
-
-    async def _end_slot(self, result: TaskiqResult[Any], slot: list[Any] | None) -> None:
-        """Free the job's slot when it ended for good; a retry keeps it (renewed when sent)."""
-        if slot is None:
-            return
-        held, retried = slot
-        self.heartbeat().discard(held)
-        if retried or isinstance(result.error, NoResultError):  # a retry was sent or scheduled
-            return
-        await free_slot(self.mw, held.key, held.job_id)
-
-    # ------------------------------------------------------------------ not running
-
-    async def _skip(self, message: TaskiqMessage, admission: Admission) -> None:
-        """Do not run this delivery: a copy of a finished job is dropped; a busy one, a copy
-        of a running job, or one the store could not claim (G14) comes back later."""
-        message.kwargs[SKIP_KWARG] = admission.outcome
-        delay = admission.retry_after
-        log.info(
-            "taskdedup: not running %s[%s]: %s (holder %s), %s",
-            message.task_name,
-            message.task_id,
-            admission.outcome,
-            admission.holder,
-            "dropped" if delay is None else f"sent again in {delay:g}s",
+        """The delivery is over: free or keep its slot, finish, keep or hand on its lock. A
+        retry that was sent (or scheduled) keeps both."""
+        held, slot_retried = slot if slot is not None else (None, False)
+        if held is not None:
+            self.heartbeat().discard(held)
+        keep_lock = False
+        if run is not None:
+            if run.admission.lease is not None:
+                self.heartbeat().discard(run.admission.lease)
+            keep_lock = run.retried  # the retry's send moved the lock back to QUEUED
+            key, policy = run.admission.key, run.delivery.policy
+            if not keep_lock and key is not None and policy and _retry_scheduled(run, result):
+                # a retry middleware swapped the error for NoResultError without a send we
+                # saw (SmartRetryMiddleware with a schedule_source): keep the lock for it
+                await self.mw.dedup.aretry(policy, key, message.task_id, attempt=attempt)
+                keep_lock = True
+        d = (
+            run.delivery
+            if run is not None
+            else delivery.Delivery(message.task_name, message.task_id, None, attempt)
         )
-        if delay is not None:
-            waits = Waits.read(lambda name: label(message, name)).after(admission)
-            await self.resender.later(message, delay, waits)
+        flow = delivery.end(
+            self.mw.dedup,
+            self.mw.reservations,
+            d,
+            run.admission if run is not None else None,
+            held,
+            keep_slot=slot_retried or isinstance(result.error, NoResultError),
+            keep_lock=keep_lock,
+        )
+        await self._drive(message, flow)
 
     async def close(self) -> None:
         """Stop beating; send the copies waiting to be sent again now, so none is lost."""

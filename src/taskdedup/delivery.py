@@ -1,0 +1,216 @@
+"""One delivery on a worker, from its start to its end, written once for both adapters.
+
+A worker that receives a job asks, in this order: does the job hold its scope's slot (or may
+it take one)? May it run now (the claim)? When it ends: free the slot, then release, keep or
+hand on the lock. The answers, and what is logged and freed on the way, are the same whatever
+the framework; what differs is how a framework sends a delivery back, drops it or publishes the
+run a reschedule owes. So the rules are written here as flows (see :mod:`taskdedup.flow`) that
+yield store operations, planned decisions and the two :class:`HandOff` / :class:`Resend`
+requests an adapter carries out; :func:`run` and :func:`arun` drive them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+from .core import Deduplicator
+from .decide import FULL_DELAY, Admission, Completion, Step
+from .decide.envelope import Waits
+from .errors import QuotaExceeded, StoreUnavailable
+from .flow import Flow, adrive, drive
+from .policy import TaskPolicy
+from .reservations import ReservationGuard
+from .stores.base import Handoff, Lease
+
+log = logging.getLogger("taskdedup")
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandOff:
+    """Publish the one run that reschedule_once owes, under the id the lock holds."""
+
+    key: str
+    handoff: Handoff
+
+
+@dataclasses.dataclass(slots=True)
+class Delivery:
+    """What a worker knows of one delivery of a job."""
+
+    task: str
+    job_id: str
+    policy: TaskPolicy | None
+    attempt: int = 0
+    scope: str | None = None  # the reservation scope whose slot the job holds, if any
+    cap: int | None = None  # that scope's max_concurrent (None: start without a slot)
+    key: str | None = None  # the dedup key the producer computed, if it sent one
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] | None = None
+    queue: str | None = None
+    waits: Waits = dataclasses.field(default_factory=Waits)
+
+
+Action = Literal["run", "resend", "drop"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to do with a delivery: ``run`` it (renew ``admission.lease`` and ``slot`` while it
+    runs), ``resend`` it after ``delay`` seconds carrying ``waits``, or ``drop`` it."""
+
+    action: Action
+    admission: Admission | None = None
+    slot: Lease | None = None
+    delay: float = 0.0
+    waits: Waits = dataclasses.field(default_factory=Waits)
+    why: str = ""  # for the log line of a delivery that does not run
+
+
+def start_slot(
+    guard: ReservationGuard, d: Delivery, default_lease: float
+) -> Flow[Lease | Verdict | None]:
+    """The job's slot for one lease from now (taken now if its reservation lapsed or it was
+    sent without one); None without a scope or a store. A job without a slot that finds its
+    scope full is sent again later: the Verdict says so. ``default_lease``: the lease of a
+    job without a dedup policy."""
+    if not d.scope:
+        return None
+    lease = d.policy.policy.lease_seconds if d.policy else default_lease
+    try:
+        return (yield from guard.start_flow(d.scope, d.job_id, lease, d.cap))
+    except StoreUnavailable as exc:
+        log.warning("taskdedup: could not renew the slot of %s: %s", d.job_id, exc)
+        return None
+    except QuotaExceeded:
+        log.info(
+            "taskdedup: not starting %s[%s]: it holds no slot and scope %s is full; "
+            "sent again in %gs",
+            d.task,
+            d.job_id,
+            d.scope,
+            FULL_DELAY,
+        )
+        return Verdict("resend", delay=FULL_DELAY, waits=d.waits, why="full")
+
+
+def claim(
+    dedup: Deduplicator, guard: ReservationGuard, d: Delivery, slot: Lease | None
+) -> Flow[Verdict]:
+    """May the delivery run now? A copy of a finished job is dropped, its slot freed (G7); a
+    busy one, a copy of a running job or one the store could not claim (G14) is sent back
+    later; a claim that hands the lock on asks for the owed run's publish first."""
+    if d.policy is None:
+        return Verdict("run", slot=slot)
+    admission: Admission = yield from ask(
+        dedup.plan_claim(
+            d.policy,
+            d.job_id,
+            key=d.key,
+            args=d.args,
+            kwargs=d.kwargs,
+            queue=d.queue,
+            attempt=d.attempt,
+            store_waits=d.waits.store_waits,
+            lost_claims=d.waits.lost_claims,
+        )
+    )
+    if admission.handoff is not None and admission.key is not None:
+        yield HandOff(admission.key, admission.handoff)
+    if admission.should_run:
+        return Verdict("run", admission, slot)
+    if admission.retry_after is None:  # a copy of a finished job: over
+        if slot is not None:
+            yield from free_slot(guard, slot)
+        verdict = Verdict("drop", admission, why="dropped")
+    else:
+        delay = admission.retry_after
+        waits = d.waits.after(admission)
+        verdict = Verdict("resend", admission, None, delay, waits, f"sent again in {delay:g}s")
+    log.info(
+        "taskdedup: not running %s[%s]: %s (holder %s), %s",
+        d.task,
+        d.job_id,
+        admission.outcome,
+        admission.holder,
+        verdict.why,
+    )
+    return verdict
+
+
+def admit(
+    dedup: Deduplicator, guard: ReservationGuard, d: Delivery, default_lease: float
+) -> Flow[Verdict]:
+    """:func:`start_slot`, then :func:`claim`."""
+    slot = yield from start_slot(guard, d, default_lease)
+    if isinstance(slot, Verdict):
+        return slot
+    return (yield from claim(dedup, guard, d, slot))
+
+
+def end(
+    dedup: Deduplicator,
+    guard: ReservationGuard,
+    d: Delivery,
+    admission: Admission | None,
+    slot: Lease | None,
+    *,
+    keep_slot: bool = False,
+    keep_lock: bool = False,
+) -> Flow[None]:
+    """The delivery is over. Ended for good: free its slot, then release, keep or hand on its
+    lock (finish). A retry of it that was sent keeps both (``keep_slot``, ``keep_lock``: G6)."""
+    if slot is not None and not keep_slot:
+        yield from free_slot(guard, slot)
+    if keep_lock or d.policy is None or admission is None or admission.key is None:
+        return None
+    done: Completion = yield from ask(
+        dedup.plan_finish(d.policy, admission.key, d.job_id, d.attempt)
+    )
+    if done.handoff is not None:
+        yield HandOff(admission.key, done.handoff)
+    return None
+
+
+def free_slot(guard: ReservationGuard, slot: Lease) -> Flow[None]:
+    """Give back a job's slot; a store that cannot answer lets it lapse after its lease."""
+    try:
+        yield from guard.release_flow(slot.key, slot.job_id)
+    except StoreUnavailable as exc:
+        log.warning("taskdedup: could not free the slot of %s: %s", slot.job_id, exc)
+
+
+def ask(plan: T | Step[T]) -> Flow[T]:
+    """The answer of a planned decision (run by the driver), or the decision itself when
+    planning settled it without the store."""
+    if isinstance(plan, Step):
+        answer: T = yield plan
+        return answer
+    return plan
+
+
+def run(flow: Flow[T], dedup: Deduplicator, hand_off: Callable[[HandOff], None]) -> T:
+    """Drive a delivery flow with blocking calls; ``hand_off`` publishes an owed run."""
+
+    def act(request: Any) -> Any:
+        if isinstance(request, Step):
+            return dedup.run(request)
+        return hand_off(request)
+
+    return drive(flow, dedup.store, act)
+
+
+async def arun(
+    flow: Flow[T], dedup: Deduplicator, hand_off: Callable[[HandOff], Awaitable[None]]
+) -> T:
+    """Drive a delivery flow from asyncio."""
+
+    async def act(request: Any) -> Any:
+        if isinstance(request, Step):
+            return await dedup.arun(request)
+        return await hand_off(request)
+
+    return await adrive(flow, dedup.store, act)

@@ -124,7 +124,7 @@ def claim(
         return Verdict("run", admission, slot)
     if admission.retry_after is None:  # a copy of a finished job: over
         if slot is not None:
-            yield from free_slot(guard, slot)
+            yield from guard.give_back_flow(slot.key, slot.job_id)
         verdict = Verdict("drop", admission, why="dropped")
     else:
         delay = admission.retry_after
@@ -164,7 +164,7 @@ def end(
     """The delivery is over. Ended for good: free its slot, then release, keep or hand on its
     lock (finish). A retry of it that was sent keeps both (``keep_slot``, ``keep_lock``: G6)."""
     if slot is not None and not keep_slot:
-        yield from free_slot(guard, slot)
+        yield from guard.give_back_flow(slot.key, slot.job_id)
     if keep_lock or d.policy is None or admission is None or admission.key is None:
         return None
     done: Completion = yield from ask(
@@ -173,14 +173,6 @@ def end(
     if done.handoff is not None:
         yield HandOff(admission.key, done.handoff)
     return None
-
-
-def free_slot(guard: ReservationGuard, slot: Lease) -> Flow[None]:
-    """Give back a job's slot; a store that cannot answer lets it lapse after its lease."""
-    try:
-        yield from guard.release_flow(slot.key, slot.job_id)
-    except StoreUnavailable as exc:
-        log.warning("taskdedup: could not free the slot of %s: %s", slot.job_id, exc)
 
 
 def ask(plan: T | Step[T]) -> Flow[T]:

@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any, cast
 
 from . import keys as _keys
-from .errors import ConfigError, KeyEncodingError, QuotaExceeded
+from .errors import ConfigError, KeyEncodingError, QuotaExceeded, StoreUnavailable
 from .flow import Flow, adrive, drive
 from .policy import Seconds, seconds
 from .settings import Settings
@@ -279,6 +279,20 @@ class ReservationGuard:
             return False
         released: bool = yield Unreserve(scope, member)
         return released
+
+    def give_back(self, scope: str, job_id: str) -> None:
+        """Free a job's slot as it ends; a store that cannot answer lets it lapse after its
+        lease (logged), so an ending job never fails for it."""
+        drive(self.give_back_flow(scope, job_id), self.store)
+
+    async def agive_back(self, scope: str, job_id: str) -> None:
+        await adrive(self.give_back_flow(scope, job_id), self.store)
+
+    def give_back_flow(self, scope: str, job_id: str) -> Flow[None]:
+        try:
+            yield from self.release_flow(scope, job_id)
+        except StoreUnavailable as exc:
+            log.warning("taskdedup: could not free the slot of %s: %s", job_id, exc)
 
     def start(
         self, scope: str, job_id: str, lease: Seconds, max_concurrent: int | None = None

@@ -20,7 +20,7 @@ from ..policy import TaskPolicy
 from ..recent import RecentKeys
 from ..reservations import ReservePolicy
 from .messages import SCOPE_HEADER, add_key, delay_of, dump_call, expires_in_of, queue_of
-from .state import CeleryDedup, Handles, release_slot
+from .state import CeleryDedup, Handles
 from .tasks import task_function
 
 
@@ -81,7 +81,7 @@ def publish_guarded(
         if recall is not None:
             integ.idempotency.publish_failed(recall)
         if slot and scope is not None:
-            release_slot(integ, scope, job_id)
+            integ.reservations.give_back(scope, job_id)
         raise
     if ticket is not None:
         dedup.published(ticket)

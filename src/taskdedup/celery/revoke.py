@@ -34,7 +34,7 @@ from kombu.utils.functional import maybe_list
 
 from .canvas import job_record
 from .messages import KEY_HEADER, SCOPE_HEADER
-from .state import CeleryDedup, integration_for, release_slot
+from .state import CeleryDedup, integration_for
 from .tasks import task_policy
 
 log = logging.getLogger("taskdedup")
@@ -93,7 +93,7 @@ def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
             key_from_arguments(policy, request) if active else None
         )
         if scope and (killed or not runs_elsewhere(integ, key, job_id)):
-            release_slot(integ, scope, job_id)
+            integ.reservations.give_back(scope, job_id)
         if not active:
             return
         if key is None:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ..background import Heartbeat
 from ..core import Deduplicator
-from ..errors import ConfigError, StoreUnavailable
+from ..errors import ConfigError
 from ..idempotency import IdempotencyKeys
 from ..reservations import ReservationGuard
 from ..settings import Settings
@@ -164,11 +164,3 @@ _installed: weakref.WeakKeyDictionary[Any, CeleryDedup] = weakref.WeakKeyDiction
 
 def integration_for(app: Any) -> CeleryDedup | None:
     return _installed.get(app)
-
-
-def release_slot(integ: CeleryDedup, scope: str, job_id: str) -> None:
-    """Free ``job_id``'s slot of ``scope``; a store that cannot answer lets it lapse."""
-    try:
-        integ.reservations.release(scope, job_id)
-    except StoreUnavailable as exc:  # the slot lapses after its lease anyway
-        log.warning("taskdedup: could not free the slot of %s: %s", job_id, exc)

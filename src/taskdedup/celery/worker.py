@@ -31,7 +31,7 @@ from .messages import (
     SCOPE_HEADER,
     load_call,
 )
-from .state import CeleryDedup, release_slot
+from .state import CeleryDedup
 from .tasks import task_function, task_limits, task_policy
 
 log = logging.getLogger("taskdedup")
@@ -232,7 +232,7 @@ class Worker:
             task.apply_async(args, kwargs, task_id=handoff.job_id, headers=headers, **RESEND)
         except Exception:
             if scope is not None:
-                release_slot(self.integ, scope, handoff.job_id)
+                self.integ.reservations.give_back(scope, handoff.job_id)
             self.integ.dedup.publish_failed(ticket)
             log.exception(
                 "taskdedup: could not publish the rescheduled run %s[%s] (reschedule_once)",

@@ -43,14 +43,6 @@ log = logging.getLogger("taskdedup")
 _NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
 
 
-async def free_slot(mw: DedupState, scope: str, job_id: str) -> None:
-    """Give back ``job_id``'s slot of ``scope`` (if the store is down it lapses by itself)."""
-    try:
-        await mw.reservations.arelease(scope, job_id)
-    except StoreUnavailable as exc:
-        log.warning("taskdedup: could not free the slot of %s: %s", job_id, exc)
-
-
 class Resender:
     """The worker's own sends, for the deliveries of one broker's worker."""
 
@@ -154,7 +146,7 @@ class Resender:
             )
         except Exception:  # the run in hand goes on; the rescheduled one is lost, loudly
             if scope:
-                await free_slot(self.mw, scope, handoff.job_id)
+                await self.mw.reservations.agive_back(scope, handoff.job_id)
             await self.mw.dedup.apublish_failed(ticket)
             log.exception(
                 "taskdedup: could not send the rescheduled run of %s (reschedule_once)",

@@ -61,4 +61,5 @@ def run(url: str, n: int = 3000) -> list[Row]:
 def _enqueue(dedup: Deduplicator, policy: object, i: int, tickets: dict[int, str]) -> None:
     ticket = dedup.enqueue(policy, (i,), job_id=f"job-{i}")  # type: ignore[arg-type]
     assert ticket.key is not None
+    dedup.published(ticket)  # as a caller does once the job is in the broker (G11)
     tickets[i] = ticket.key

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("adapters", {"taskdedup.celery", "taskdedup.taskiq"}),
     ("runner", {"taskdedup.core", "taskdedup.background", "taskdedup.idempotency",
                 "taskdedup.reservations", "taskdedup.recent", "taskdedup.flow",
-                "taskdedup.declare", "taskdedup.delivery"}),
+                "taskdedup.declare", "taskdedup.delivery", "taskdedup.features"}),
     ("decide", {"taskdedup.decide"}),
     ("stores", {"taskdedup.stores"}),
     ("declarations", {"taskdedup.policy", "taskdedup.settings", "taskdedup.suggest",

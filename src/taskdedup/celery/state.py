@@ -5,7 +5,6 @@ beat) each take this state; ``integration.install`` wires them together.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -16,8 +15,7 @@ from typing import Any, Protocol
 from ..background import Heartbeat
 from ..core import Deduplicator
 from ..errors import ConfigError
-from ..idempotency import IdempotencyKeys
-from ..reservations import ReservationGuard
+from ..features import Features
 from ..settings import Settings
 from ..stores import RedisStore, Store
 from .config import settings_from_app, store_for_app
@@ -34,7 +32,7 @@ class Handles(Protocol):
     ) -> Any: ...
 
 
-class CeleryDedup:
+class CeleryDedup(Features):
     """taskdedup's state for one Celery app: settings, store, Deduplicator and hooks."""
 
     def __init__(self, app: Any, store: Store | None, overrides: dict[str, Any]) -> None:
@@ -119,14 +117,6 @@ class CeleryDedup:
             if self._fused:
                 install_hooks()
         return self._fused
-
-    @functools.cached_property
-    def idempotency(self) -> IdempotencyKeys:
-        return IdempotencyKeys(self.dedup)
-
-    @functools.cached_property
-    def reservations(self) -> ReservationGuard:
-        return ReservationGuard.under(self.dedup.store, self.dedup.settings)
 
     def heartbeat(self) -> Heartbeat:
         """This process's heartbeat thread (a fresh one in each forked pool child)."""

@@ -48,16 +48,8 @@ def deduplicate(
     Options left out take the app's defaults (``taskdedup_default_strategy`` and friends).
     A bad option raises ConfigError here, when the task is defined.
     """
-    try:
-        options = decorator_options(dict(locals()))
-    except ConfigError as exc:  # raised as the task is defined, naming it
-        return _refuse(exc)
-
-    def apply(task: T) -> T:
-        _declare(task, "deduplicate", FUNCTION_ATTR, options)
-        return task
-
-    return apply
+    given = dict(locals())
+    return _decorator("deduplicate", FUNCTION_ATTR, lambda: decorator_options(given))
 
 
 def reserve(
@@ -69,13 +61,24 @@ def reserve(
     or a callable of the task's arguments; ``ttl``: seconds a slot lives from reservation
     until the job starts."""
     options = {"max_concurrent": max_concurrent, "scope": scope, "ttl": ttl}
+
+    def checked() -> dict[str, Any]:
+        ReservePolicy.from_options(options)
+        return options
+
+    return _decorator("reserve", RESERVE_ATTR, checked)
+
+
+def _decorator(kind: str, attr: str, options: Callable[[], dict[str, Any]]) -> Callable[[T], T]:
+    """The decorator that keeps a declaration on the task, its ``options`` checked now: a bad
+    one raises as the task is defined, naming it."""
     try:
-        ReservePolicy.from_options(options)  # validate now
-    except ConfigError as exc:  # raised as the task is defined, naming it
+        checked = options()
+    except ConfigError as exc:
         return _refuse(exc)
 
     def apply(task: T) -> T:
-        _declare(task, "reserve", RESERVE_ATTR, options)
+        _declare(task, kind, attr, checked)
         return task
 
     return apply

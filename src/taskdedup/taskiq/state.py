@@ -4,7 +4,6 @@ and the declared policies. ``DedupMiddleware`` adds the producer and the worker 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 from urllib.parse import quote
 
@@ -12,14 +11,13 @@ from taskiq.abc.middleware import TaskiqMiddleware
 
 from ..core import Deduplicator
 from ..errors import ConfigError
-from ..idempotency import IdempotencyKeys
-from ..reservations import ReservationGuard
+from ..features import Features
 from ..settings import Settings
 from ..stores import MemoryStore, RedisStore, Store
 from .options import Policies
 
 
-class DedupState(TaskiqMiddleware):
+class DedupState(TaskiqMiddleware, Features):
     """What both sides of one broker share: settings, store, Deduplicator, policies (the
     arguments are :class:`~taskdedup.taskiq.DedupMiddleware`'s)."""
 
@@ -35,14 +33,6 @@ class DedupState(TaskiqMiddleware):
 
     def retried(self, job_id: str, attempt: int) -> None:
         """The producer side saw a retry of ``job_id`` sent after ``attempt`` failed."""
-
-    @functools.cached_property
-    def idempotency(self) -> IdempotencyKeys:
-        return IdempotencyKeys(self.dedup)
-
-    @functools.cached_property
-    def reservations(self) -> ReservationGuard:
-        return ReservationGuard.under(self.dedup.store, self.dedup.settings)
 
     @property
     def dedup(self) -> Deduplicator:

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from taskiq.decor import AsyncTaskiqDecoratedTask
@@ -248,25 +248,19 @@ class Worker:
         if _still_running(_ident(message.task_id, attempt)):
             # a sync task cut by taskiq's timeout runs on in its thread: keep its lock and slot
             # (the heartbeat renews them) until the thread is out of the function
+            end = functools.partial(self._end, message, result, attempt, run, slot)
             later = asyncio.get_running_loop().create_task(
-                self._after_thread(message, result, attempt, run, slot)
+                self._after_thread(_ident(message.task_id, attempt), end)
             )
             self._threads.add(later)
             later.add_done_callback(self._threads.discard)
             return
         await self._end(message, result, attempt, run, slot)
 
-    async def _after_thread(
-        self,
-        message: TaskiqMessage,
-        result: TaskiqResult[Any],
-        attempt: int,
-        run: Run | None,
-        slot: list[Any] | None,
-    ) -> None:
-        while _still_running(_ident(message.task_id, attempt)):
+    async def _after_thread(self, ident: str, end: Callable[[], Awaitable[None]]) -> None:
+        while _still_running(ident):
             await asyncio.sleep(0.05)
-        await self._end(message, result, attempt, run, slot)
+        await end()
 
     async def _end(
         self,

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .background import Confirmer, Releaser
@@ -35,6 +35,7 @@ from .decide import (
     plan_retry,
 )
 from .errors import StoreUnavailable
+from .flow import Flow, adrive, drive
 from .policy import TaskPolicy
 from .settings import Settings
 from .stores.base import AcquireReply, Lease, Op, Release, Store
@@ -72,6 +73,31 @@ class Runner:
     async def arun(self, step: Step[T]) -> T:
         """The asyncio twin of :meth:`run`."""
         return await self._arun(step)
+
+    def drive(self, flow: Flow[T], act: Callable[[Any], Any] | None = None) -> T:
+        """Run a flow (:mod:`taskdedup.flow`) against the store: the Steps it yields run here,
+        any other request (a framework's part) by ``act``."""
+
+        def answer(request: Any) -> Any:
+            if isinstance(request, Step):
+                return self._run(request)
+            if act is None:
+                raise TypeError(f"nothing here answers {request!r}")
+            return act(request)
+
+        return drive(flow, self.store, answer)
+
+    async def adrive(self, flow: Flow[T], act: Callable[[Any], Awaitable[Any]] | None = None) -> T:
+        """:meth:`drive` from asyncio."""
+
+        async def answer(request: Any) -> Any:
+            if isinstance(request, Step):
+                return await self._arun(request)
+            if act is None:
+                raise TypeError(f"nothing here answers {request!r}")
+            return await act(request)
+
+        return await adrive(flow, self.store, answer)
 
     def resume(self, step: Step[T]) -> T:
         """Run a Step whose ``op`` an adapter already ran itself (a fused publish) and whose
@@ -223,14 +249,18 @@ class Deduplicator(Runner):
 
     def publish_failed(self, ticket: Ticket) -> bool:
         """Publishing failed: release the ticket's lock before the error reaches the caller."""
-        if not ticket.acquired or ticket.key is None:
-            return False
-        return self.release(ticket.key, ticket.job_id, task="(publish failed)")
+        plan = self.plan_publish_failed(ticket)
+        return plan if isinstance(plan, bool) else self._run(plan)
 
     async def apublish_failed(self, ticket: Ticket) -> bool:
+        plan = self.plan_publish_failed(ticket)
+        return plan if isinstance(plan, bool) else await self._arun(plan)
+
+    def plan_publish_failed(self, ticket: Ticket) -> bool | Step[bool]:
+        """:meth:`publish_failed` without running it."""
         if not ticket.acquired or ticket.key is None:
             return False
-        return await self.arelease(ticket.key, ticket.job_id, task="(publish failed)")
+        return self._plan_release(Release(ticket.key, ticket.job_id), "(publish failed)")
 
     # ------------------------------------------------------------------ claim
 
@@ -307,16 +337,8 @@ class Deduplicator(Runner):
         attempt: int | None = None,
     ) -> bool:
         """The job will run again under the same id: keep its lock, now QUEUED (G6)."""
-        if not self.active(policy.task):  # the kill switch: no store command at all (G16)
-            return False
-        return self._run(
-            plan_retry(self.settings, policy, key, job_id, delay, attempt, note=self.note)
-        )
-
-    def retry_sent(self, policy: TaskPolicy, key: str, job_id: str) -> None:
-        """The retry :meth:`retry` kept the lock for is in the broker: confirm it (G11)."""
-        if self.active(policy.task):  # the kill switch: no store command at all (G16)
-            self.confirmer.add(key, job_id)
+        plan = self.plan_retry(policy, key, job_id, delay, attempt)
+        return plan if isinstance(plan, bool) else self._run(plan)
 
     async def aretry(
         self,
@@ -327,11 +349,16 @@ class Deduplicator(Runner):
         delay: float = 0.0,
         attempt: int | None = None,
     ) -> bool:
-        if not self.active(policy.task):
+        plan = self.plan_retry(policy, key, job_id, delay, attempt)
+        return plan if isinstance(plan, bool) else await self._arun(plan)
+
+    def plan_retry(
+        self, tp: TaskPolicy, key: str, job_id: str, delay: float = 0.0, attempt: int | None = None
+    ) -> bool | Step[bool]:
+        """:meth:`retry` without running it."""
+        if not self.active(tp.task):  # the kill switch: no store command at all (G16)
             return False
-        return await self._arun(
-            plan_retry(self.settings, policy, key, job_id, delay, attempt, note=self.note)
-        )
+        return plan_retry(self.settings, tp, key, job_id, delay, attempt, note=self.note)
 
     def finish(
         self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None

@@ -5,22 +5,22 @@ it take one)? May it run now (the claim)? When it ends: free the slot, then rele
 hand on the lock. The answers, and what is logged and freed on the way, are the same whatever
 the framework; what differs is how a framework sends a delivery back, drops it or publishes the
 run a reschedule owes. So the rules are written here as flows (see :mod:`taskdedup.flow`) that
-yield store operations, planned decisions and the two :class:`HandOff` / :class:`Resend`
-requests an adapter carries out; :func:`run` and :func:`arun` drive them.
+yield store operations, planned decisions and the :class:`HandOff`
+request an adapter carries out; ``Deduplicator.drive``/``adrive`` run them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from .core import Deduplicator
-from .decide import FULL_DELAY, Admission, Completion, Step
+from .decide import FULL_DELAY, Admission, Completion
 from .decide.envelope import Waits
 from .errors import QuotaExceeded, StoreUnavailable
-from .flow import Flow, adrive, drive
+from .flow import Flow, ask
 from .policy import TaskPolicy
 from .reservations import ReservationGuard
 from .stores.base import Handoff, Lease
@@ -173,36 +173,3 @@ def end(
     if done.handoff is not None:
         yield HandOff(admission.key, done.handoff)
     return None
-
-
-def ask(plan: T | Step[T]) -> Flow[T]:
-    """The answer of a planned decision (run by the driver), or the decision itself when
-    planning settled it without the store."""
-    if isinstance(plan, Step):
-        answer: T = yield plan
-        return answer
-    return plan
-
-
-def run(flow: Flow[T], dedup: Deduplicator, hand_off: Callable[[HandOff], None]) -> T:
-    """Drive a delivery flow with blocking calls; ``hand_off`` publishes an owed run."""
-
-    def act(request: Any) -> Any:
-        if isinstance(request, Step):
-            return dedup.run(request)
-        return hand_off(request)
-
-    return drive(flow, dedup.store, act)
-
-
-async def arun(
-    flow: Flow[T], dedup: Deduplicator, hand_off: Callable[[HandOff], Awaitable[None]]
-) -> T:
-    """Drive a delivery flow from asyncio."""
-
-    async def act(request: Any) -> Any:
-        if isinstance(request, Step):
-            return await dedup.arun(request)
-        return await hand_off(request)
-
-    return await adrive(flow, dedup.store, act)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
+from .decide import Step
 from .stores.base import Op, Store
 
 T = TypeVar("T")
@@ -69,3 +70,12 @@ async def adrive(
                 step = flow.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+def ask(plan: T | Step[T]) -> Flow[T]:
+    """The answer of a planned decision (the driver runs the Step), or the decision itself
+    when planning settled it without the store."""
+    if isinstance(plan, Step):
+        answer: T = yield plan
+        return answer
+    return plan

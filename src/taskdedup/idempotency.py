@@ -140,14 +140,14 @@ class IdempotencyKeys:
     ) -> Recall:
         """Record a new submission under ``key``, or answer the original job once its
         publish is confirmed (IdempotencyKeyInProgress if that takes ``idempotency_wait``)."""
-        return drive(self._recall(key, task, fingerprint, job_id, ttl), self.dedup.store)
+        return drive(self.recall_flow(key, task, fingerprint, job_id, ttl), self.dedup.store)
 
     async def arecall(
         self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None = None
     ) -> Recall:
-        return await adrive(self._recall(key, task, fingerprint, job_id, ttl), self.dedup.store)
+        return await adrive(self.recall_flow(key, task, fingerprint, job_id, ttl), self.dedup.store)
 
-    def _recall(
+    def recall_flow(
         self, key: str, task: str, fingerprint: str, job_id: str, ttl: float | None
     ) -> Flow[Recall]:
         step = self.plan(key, task, fingerprint, job_id, ttl)
@@ -183,10 +183,13 @@ class IdempotencyKeys:
 
     def publish_failed(self, recall: Recall) -> None:
         """Nothing was published: free the key before the error reaches the caller."""
-        drive(self._quietly(self._forget_op(recall), "free"), self.dedup.store)
+        drive(self.publish_failed_flow(recall), self.dedup.store)
 
     async def apublish_failed(self, recall: Recall) -> None:
-        await adrive(self._quietly(self._forget_op(recall), "free"), self.dedup.store)
+        await adrive(self.publish_failed_flow(recall), self.dedup.store)
+
+    def publish_failed_flow(self, recall: Recall) -> Flow[None]:
+        return self._quietly(self._forget_op(recall), "free")
 
     def _repoint_op(self, recall: Recall, holder: str, fingerprint: str) -> Remember | None:
         if not recall.is_new:
@@ -196,12 +199,13 @@ class IdempotencyKeys:
 
     def repoint(self, recall: Recall, holder: str, fingerprint: str) -> None:
         """The submission was a duplicate of ``holder``'s job: the key now answers that job."""
-        op = self._repoint_op(recall, holder, fingerprint)
-        drive(self._quietly(op, "repoint"), self.dedup.store)
+        drive(self.repoint_flow(recall, holder, fingerprint), self.dedup.store)
 
     async def arepoint(self, recall: Recall, holder: str, fingerprint: str) -> None:
-        op = self._repoint_op(recall, holder, fingerprint)
-        await adrive(self._quietly(op, "repoint"), self.dedup.store)
+        await adrive(self.repoint_flow(recall, holder, fingerprint), self.dedup.store)
+
+    def repoint_flow(self, recall: Recall, holder: str, fingerprint: str) -> Flow[None]:
+        return self._quietly(self._repoint_op(recall, holder, fingerprint), "repoint")
 
     @staticmethod
     def _quietly(op: Op[Any] | None, what: str) -> Flow[None]:

@@ -259,6 +259,12 @@ class ReservationGuard:
         op = self._reserve_op(scope, max_concurrent, ttl, member)
         return await adrive(self._reserve(op), self.store)
 
+    def reserve_flow(
+        self, scope: str, max_concurrent: int, ttl: Seconds, member: str | None = None
+    ) -> Flow[Reservation]:
+        """:meth:`reserve` as a flow."""
+        return self._reserve(self._reserve_op(scope, max_concurrent, ttl, member))
+
     def _reserve(self, op: Reserve) -> Flow[Reservation]:
         if not self.enabled:
             return Reservation(self, op.scope, op.member, op.ttl_ms, held=False)

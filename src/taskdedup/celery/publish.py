@@ -10,19 +10,19 @@ moment ago is answered from the store before Celery builds a message.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any, cast
 
 from kombu.utils.uuid import uuid
 
 from ..decide import Step, Ticket
-from ..errors import DuplicateJob, QuotaExceeded, StoreUnavailable
+from ..errors import DuplicateJob, StoreUnavailable
 from ..policy import TaskPolicy
 from ..recent import RecentKeys
 from ..reservations import ReservePolicy
 from ..stores.base import Acquire
 from ..stores.redis import RedisStore
+from ..submission import Call, held_lately, keep_for_retry, published
 from .canvas import MIN_PATIENCE, continues, publish_follower, register, results_kept
 from .guarded import publish_guarded
 from .messages import (
@@ -166,25 +166,27 @@ class Publisher:
     ) -> Any:
         """A retry keeps its lock and its slot under the same id (G6); once it is published,
         its lock and its job's record learn so (G11)."""
+        integ = self.integration
         headers = options.get("headers") or {}
-        job_id, delay = options["task_id"], delay_of(options)
-        dedup, key = self.integration.dedup, None
-        if policy is not None:
-            queue = queue_of(task, options)
-            key = headers.get(KEY_HEADER) or policy.key_for(args or (), kwargs or {}, queue)
-            attempt = (options.get("retries") or 1) - 1
-            dedup.retry(policy, key, job_id, delay=delay, attempt=attempt)
-            add_key(key, options)
-        scope = headers.get(SCOPE_HEADER)
-        if limits is not None and scope:  # held again until the retry starts
-            ttl = limits.ttl_seconds + delay
-            with contextlib.suppress(QuotaExceeded, StoreUnavailable):
-                self.integration.reservations.reserve(
-                    scope, limits.max_concurrent, ttl, member=job_id
-                )
+        call = Call(
+            name,
+            None,
+            args or (),
+            kwargs or {},
+            options["task_id"],
+            policy,
+            limits,
+            delay=delay_of(options),
+            queue=queue_of(task, options),
+        )
+        attempt = (options.get("retries") or 1) - 1
+        key, scope = headers.get(KEY_HEADER), headers.get(SCOPE_HEADER)
+        flow = keep_for_retry(integ.dedup, integ.reservations, call, key, scope, attempt)
+        taken = integ.dedup.drive(flow)
+        if taken.key is not None:
+            add_key(taken.key, options)
         result = self.original(name, args, kwargs, **options)
-        if policy is not None and key is not None:
-            dedup.retry_sent(policy, key, job_id)
+        published(integ.dedup, integ.idempotency, taken)
         return result
 
     def wrap_apply_async(self, task: Any) -> None:
@@ -216,21 +218,11 @@ class Publisher:
         None otherwise (the call then takes the full path, which takes the lock)."""
         integ = self.integration
         policy = task_policy(task, integ.settings)
-        if policy is None or policy.policy.per_queue or task_limits(task) is not None:
+        if policy is None or integ.app.conf.task_always_eager:
             return None
-        if policy.policy.on_conflict == "reschedule_once":
-            return None  # its duplicates carry their arguments: the full path keeps them
-        try:
-            key = policy.key_for(args or (), kwargs or {})
-        except Exception:
-            return None  # Celery's own checks, then the full path, report it
-        if not self.recent.seen(key) or integ.app.conf.task_always_eager:
-            return None
-        step = integ.dedup.plan_held(policy, key)
-        ticket = None if step is None else integ.dedup.run(step)
-        if ticket is not None:
-            self.recent.note(ticket)
-        return ticket
+        capped = task_limits(task) is not None
+        flow = held_lately(integ.dedup, self.recent, policy, capped, args or (), kwargs or {})
+        return integ.dedup.drive(flow)
 
     def _publish(
         self, ticket: Ticket, name: str, args: Any, kwargs: Any, options: dict[str, Any]

@@ -21,10 +21,11 @@ from celery.exceptions import Ignore, Reject, Retry
 from .. import delivery
 from ..decide import Admission, Ticket
 from ..decide.envelope import Waits
-from ..errors import QuotaExceeded, StoreUnavailable
+from ..errors import StoreUnavailable
 from ..flow import Flow
 from ..policy import TaskPolicy
 from ..stores.base import Lease
+from ..submission import give_back, published, take_owed
 from .messages import (
     KEY_HEADER,
     RESEND_OPTION,
@@ -127,7 +128,7 @@ class Worker:
         def hand_off(owed: delivery.HandOff) -> None:
             self._publish_handoff(task, owed.key, owed.handoff)
 
-        return delivery.run(flow, self.integ.dedup, hand_off)
+        return self.integ.dedup.drive(flow, hand_off)
 
     def _claim(self, task: Any, d: delivery.Delivery, slot: Lease | None) -> Admission | None:
         """Claim the job, or raise Ignore when this delivery must not run now: it is dropped
@@ -213,50 +214,32 @@ class Worker:
         self._drive(task, delivery.end(integ.dedup, integ.reservations, d, admission, slot))
 
     def _publish_handoff(self, task: Any, key: str | None, handoff: Any) -> None:
-        """Publish the one rescheduled run (reschedule_once) under the id the lock holds,
-        with a slot of its scope if one is free (a full scope does not refuse a run that was
-        accepted: it waits for its slot when it starts). A failure to publish it frees its
-        lock and slot and is logged; the run in hand goes on."""
+        """Publish the one rescheduled run (reschedule_once) under the id the lock holds. A
+        failure to publish it frees its lock and slot and is logged; the run in hand goes on."""
         if key is None:
             return
         if handoff.payload is not None:
             args, kwargs = load_call(handoff.payload)
         else:
-            args, kwargs = task.request.args, task.request.kwargs
+            args, kwargs = task.request.args or (), task.request.kwargs or {}
+        integ, job_id = self.integ, handoff.job_id
+        fn, limits = task_function(task), task_limits(task)
+        owed = take_owed(integ.reservations, task.name, fn, limits, key, job_id, args, kwargs)
+        taken = integ.dedup.drive(owed)
         headers = {KEY_HEADER: key}
-        scope = self._reserve_owed(task, handoff.job_id, args, kwargs)
-        if scope is not None:
-            headers[SCOPE_HEADER] = scope
-        ticket = Ticket("acquired", handoff.job_id, key, confirm=True)
+        if taken.scope is not None:
+            headers[SCOPE_HEADER] = taken.scope
         try:
-            task.apply_async(args, kwargs, task_id=handoff.job_id, headers=headers, **RESEND)
+            task.apply_async(args, kwargs, task_id=job_id, headers=headers, **RESEND)
         except Exception:
-            if scope is not None:
-                self.integ.reservations.give_back(scope, handoff.job_id)
-            self.integ.dedup.publish_failed(ticket)
+            integ.dedup.drive(give_back(integ.dedup, integ.idempotency, integ.reservations, taken))
             log.exception(
                 "taskdedup: could not publish the rescheduled run %s[%s] (reschedule_once)",
                 task.name,
-                handoff.job_id,
+                job_id,
             )
             return
-        self.integ.dedup.published(ticket)
-
-    def _reserve_owed(self, task: Any, job_id: str, args: Any, kwargs: Any) -> str | None:
-        """The scope of an owed run, with a slot for it if one is free."""
-        limits = task_limits(task)
-        if limits is None:
-            return None
-        try:
-            scope = limits.scope_for(task.name, task_function(task), args or (), kwargs or {})
-        except Exception as exc:  # sent without a scope: it runs, uncapped
-            log.warning("taskdedup: no scope for the rescheduled run of %s: %s", task.name, exc)
-            return None
-        with contextlib.suppress(QuotaExceeded, StoreUnavailable):
-            self.integ.reservations.reserve(
-                scope, limits.max_concurrent, limits.ttl_seconds, member=job_id
-            )
-        return scope
+        published(integ.dedup, integ.idempotency, taken)
 
 
 def resend(task: Any, args: Any, kwargs: Any, delay: float, waits: Waits | None = None) -> None:

@@ -14,7 +14,6 @@ taken in ``pre_send`` and confirmed in a batch after the broker's own kick succe
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from copy import copy
@@ -27,8 +26,9 @@ from taskiq.message import BrokerMessage, TaskiqMessage
 from taskiq.task import AsyncTaskiqTask
 from taskiq_redis import ListQueueBroker
 
+from .. import submission
 from ..decide import Step, Ticket
-from ..errors import DuplicateJob, QuotaExceeded, StoreUnavailable
+from ..errors import StoreUnavailable
 from ..policy import TaskPolicy
 from ..recent import RecentKeys
 from ..reservations import ReservePolicy
@@ -78,27 +78,27 @@ async def keep_for_retry(
     retries: int,
 ) -> None:
     """A retry middleware re-sends the job under its id: it keeps its lock and slot (G6)."""
-    delay = float(label(message, "delay") or 0.0)
     mw.retried(message.task_id, retries - 1)
     # if the retry's send fails, its kick gives back the lock and slot kept for it
     decision = Decision(message, message.task_id, message.task_id)
     remember(decision)
-    if policy is not None:
-        key = label(message, KEY_LABEL) or policy.key_for(
-            message.args, message.kwargs, queue_of(mw.broker, message)
-        )
-        await mw.dedup.aretry(policy, key, message.task_id, delay=delay, attempt=retries - 1)
-        set_label(message, KEY_LABEL, key, parsed=False)
-        # confirmed once the kick sent it (G11); a failed kick gives the lock back
-        active = mw.dedup.active(policy.task)  # else no store command at all (G16)
-        decision.ticket = Ticket("acquired", message.task_id, key, confirm=active)
-    scope = label(message, SCOPE_LABEL)
-    if limits is not None and scope:  # held again until the retry starts
-        with contextlib.suppress(QuotaExceeded, StoreUnavailable):
-            await mw.reservations.areserve(
-                scope, limits.max_concurrent, limits.ttl_seconds + delay, member=message.task_id
-            )
-            decision.scope = scope
+    call = submission.Call(
+        message.task_name,
+        None,
+        message.args,
+        message.kwargs,
+        message.task_id,
+        policy,
+        limits,
+        delay=float(label(message, "delay") or 0.0),
+        queue=queue_of(mw.broker, message),
+    )
+    key, scope = label(message, KEY_LABEL) or None, label(message, SCOPE_LABEL) or None
+    flow = submission.keep_for_retry(mw.dedup, mw.reservations, call, key, scope, retries - 1)
+    taken = await mw.dedup.adrive(flow)
+    if taken.key is not None:
+        set_label(message, KEY_LABEL, taken.key, parsed=False)
+    decision.ticket, decision.scope = taken.ticket, taken.scope
     for name in (FENCE_LABEL, "taskdedup_attempt"):
         message.labels.pop(name, None)
 
@@ -153,69 +153,34 @@ class Producer:
         if retries > 0:
             await keep_for_retry(self.mw, policy, limits, message, retries)
             return message
-        if idempotency_key is not None or limits is not None:
-            await guarded_pre_send(self, task, policy, limits, message)
+        if idempotency_key is None and limits is None and policy and self._fusable(policy):
+            self._plan_fused(policy, message)
             return message
-        assert policy is not None
-        queue = queue_of(broker, message)
-        delay = float(label(message, "delay") or 0.0)
+        await guarded_pre_send(self, task, policy, limits, message)
+        return message
+
+    def _plan_fused(self, policy: TaskPolicy, message: TaskiqMessage) -> None:
+        """Plan the acquire, to run in the kick with the push (one round trip)."""
+        broker = self.mw.broker
         payload = None
         if policy.policy.on_conflict == "reschedule_once":
             payload = dump_call(broker, message.args, message.kwargs)
+        plan = self.mw.dedup.plan_enqueue(
+            policy,
+            message.args,
+            message.kwargs,
+            message.task_id,
+            queue=queue_of(broker, message),
+            delay=float(label(message, "delay") or 0.0),
+            payload=payload,
+        )
+        if isinstance(plan, Ticket):  # not deduplicated (disabled, scheduled, ...)
+            return
+        assert isinstance(plan.op, Acquire)
+        set_label(message, KEY_LABEL, plan.op.key, parsed=False)
         decision = Decision(message, message.task_id, message.task_id)
-        if self._fusable(policy):
-            plan = self.mw.dedup.plan_enqueue(
-                policy,
-                message.args,
-                message.kwargs,
-                message.task_id,
-                queue=queue,
-                delay=delay,
-                payload=payload,
-            )
-            if isinstance(plan, Ticket):  # not deduplicated (disabled, scheduled, ...)
-                return message
-            assert isinstance(plan.op, Acquire)
-            set_label(message, KEY_LABEL, plan.op.key, parsed=False)
-            decision.step = plan
-            remember(decision)
-            return message
-        ticket = await self.enqueue(policy, message, queue, delay, payload)
-        self.recent.note(ticket)
-        if ticket.key is not None:
-            set_label(message, KEY_LABEL, ticket.key, parsed=False)
-        if ticket.deduplicated:
-            message.task_id = decision.job_id = ticket.job_id
-            decision.deduplicated = True
-        elif ticket.acquired:
-            decision.ticket = ticket
+        decision.step = plan
         remember(decision)
-        return message
-
-    async def enqueue(
-        self,
-        policy: TaskPolicy,
-        message: TaskiqMessage,
-        queue: str | None,
-        delay: float,
-        payload: str | None,
-    ) -> Ticket:
-        try:
-            return await self.mw.dedup.aenqueue(
-                policy,
-                message.args,
-                message.kwargs,
-                job_id=message.task_id,
-                queue=queue,
-                delay=delay,
-                payload=payload,
-            )
-        except DuplicateJob as dup:
-            if "schedule_id" not in message.labels:
-                raise
-            # a scheduler never sees DuplicateJob: the duplicate tick is skipped quietly
-            log.info("taskdedup: scheduled %s skipped: job %s holds it", message.task_name, dup)
-            return Ticket("duplicate", dup.job_id, dup.key)
 
     async def ask_first(self, kicker: AsyncKicker[Any, Any], args: Any, kwargs: Any) -> Any:
         """For a plain kick of a key seen held lately, the store's answer before taskiq builds
@@ -231,24 +196,15 @@ class Producer:
         if task is None:
             return None
         policy = self.mw.policies.resolve(task, declared(task), ())
-        if policy is None or policy.policy.per_queue or task_limits(task) is not None:
-            return None
-        if policy.policy.on_conflict == "reschedule_once" or (
-            LABEL in labels and (labels[LABEL] is not declared(task))
-        ):
-            return None  # kept arguments and per-call switches take the full path
-        try:
-            key = policy.key_for(args, kwargs)
-        except Exception:
-            return None  # the full path reports it
-        if not self.recent.seen(key):
-            return None
+        if policy is None or (LABEL in labels and labels[LABEL] is not declared(task)):
+            return None  # per-call switches take the full path
+        capped = task_limits(task) is not None
         dedup = self.mw.dedup
-        step = dedup.plan_held(policy, key)
-        ticket = None if step is None else await dedup.arun(step)
+        ticket = await dedup.adrive(
+            submission.held_lately(dedup, self.recent, policy, capped, args, kwargs)
+        )
         if ticket is None:
             return None
-        self.recent.note(ticket)
         handle = AsyncTaskiqTask(
             task_id=ticket.job_id,
             result_backend=self.mw.broker.result_backend,

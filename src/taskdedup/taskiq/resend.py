@@ -21,9 +21,9 @@ from typing import Any
 from taskiq.kicker import AsyncKicker
 from taskiq.message import TaskiqMessage
 
-from ..decide import STORE_RETRY_MAX, Ticket
+from .. import submission
+from ..decide import STORE_RETRY_MAX
 from ..decide.envelope import Waits
-from ..errors import QuotaExceeded, StoreUnavailable
 from ..stores.base import Handoff
 from .options import (
     ATTEMPT_LABEL,
@@ -125,7 +125,8 @@ class Resender:
             PASS_THROUGH.reset(token)
 
     async def hand_off(self, message: TaskiqMessage, key: str | None, handoff: Handoff) -> None:
-        """Publish the one rescheduled run (reschedule_once) under the id the lock now holds."""
+        """Publish the one rescheduled run (reschedule_once) under the id the lock now holds. A
+        failure to send it frees its lock and slot and is logged; the run in hand goes on."""
         if key is None:
             return
         if handoff.payload is not None:
@@ -133,47 +134,29 @@ class Resender:
         else:
             args = list(message.args)
             kwargs = {k: v for k, v in message.kwargs.items() if k != SKIP_KWARG}
-        ticket = Ticket("acquired", handoff.job_id, key, confirm=True)
-        scope = await self._reserve_owed(message.task_name, handoff.job_id, args, kwargs)
+        mw, name, job_id = self.mw, message.task_name, handoff.job_id
+        task = mw.broker.find_task(name)
+        fn = call_shape(task_function(task)) if task is not None else None
+        limits = task_limits(task) if task is not None else None
+        owed = submission.take_owed(mw.reservations, name, fn, limits, key, job_id, args, kwargs)
+        taken = await mw.dedup.adrive(owed)
         try:
             await self.send(
                 message,
-                task_id=handoff.job_id,
+                task_id=job_id,
                 args=args,
                 kwargs=kwargs,
                 drop_labels=_NOT_HANDED_ON,
-                add_labels={SCOPE_LABEL: scope} if scope else None,
+                add_labels={SCOPE_LABEL: taken.scope} if taken.scope else None,
             )
         except Exception:  # the run in hand goes on; the rescheduled one is lost, loudly
-            if scope:
-                await self.mw.reservations.agive_back(scope, handoff.job_id)
-            await self.mw.dedup.apublish_failed(ticket)
+            gave_back = submission.give_back(mw.dedup, mw.idempotency, mw.reservations, taken)
+            await mw.dedup.adrive(gave_back)
             log.exception(
-                "taskdedup: could not send the rescheduled run of %s (reschedule_once)",
-                message.task_name,
+                "taskdedup: could not send the rescheduled run of %s (reschedule_once)", name
             )
             return
-        self.mw.dedup.published(ticket)
-
-    async def _reserve_owed(
-        self, task_name: str, job_id: str, args: list[Any], kwargs: dict[str, Any]
-    ) -> str | None:
-        """The scope of a run owed by reschedule_once, with a slot for it if one is free (a
-        full scope does not refuse it: it takes its slot when it starts)."""
-        task = self.mw.broker.find_task(task_name)
-        limits = task_limits(task) if task is not None else None
-        if task is None or limits is None:
-            return None
-        try:
-            scope = limits.scope_for(task_name, call_shape(task_function(task)), args, kwargs)
-        except Exception as exc:  # sent without a scope: it runs, uncapped
-            log.warning("taskdedup: no scope for the rescheduled run of %s: %s", task_name, exc)
-            return None
-        with contextlib.suppress(QuotaExceeded, StoreUnavailable):
-            await self.mw.reservations.areserve(
-                scope, limits.max_concurrent, limits.ttl_seconds, member=job_id
-            )
-        return scope
+        submission.published(mw.dedup, mw.idempotency, taken)
 
     def watch(self, broker: Any) -> None:
         """Send the waiting copies at once when the worker stops reading ``broker`` (taskiq

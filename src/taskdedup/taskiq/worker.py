@@ -194,7 +194,7 @@ class Worker:
         async def hand_off(owed: delivery.HandOff) -> None:
             await self.resender.hand_off(message, owed.key, owed.handoff)
 
-        return await delivery.arun(flow, self.mw.dedup, hand_off)
+        return await self.mw.dedup.adrive(flow, hand_off)
 
     def _hold_slot(self, message: TaskiqMessage, held: Lease | None, attempt: int) -> None:
         """The delivery runs: renew its slot by heartbeat until it ends."""

@@ -37,12 +37,9 @@ NO_IO_IN_DECIDE = {"redis", "celery", "kombu", "taskiq", "threading", "asyncio",
 #: Targets of issue 13, as a ratchet: a class or an adapter package may not grow past its
 #: current size; the ones listed are still above the target and may only shrink.
 CLASS_LINES = 250
-CLASSES_ABOVE = {
-    "taskdedup.stores.redis.RedisStore": 385,
-    "taskdedup.celery.publish.Publisher": 270,
-}
+CLASSES_ABOVE: dict[str, int] = {}
 ADAPTER_LINES = 700
-ADAPTERS_ABOVE = {"taskdedup.celery": 2170, "taskdedup.taskiq": 1720}
+ADAPTERS_ABOVE = {"taskdedup.celery": 2000, "taskdedup.taskiq": 1540}
 
 
 def modules() -> dict[str, Path]:

@@ -63,6 +63,43 @@ def plan_call(
     return job_id, plan
 
 
+def publish_retry(
+    publisher: Publisher,
+    task: Any,
+    policy: TaskPolicy | None,
+    limits: ReservePolicy | None,
+    name: str,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+) -> Any:
+    """A retry keeps its lock and its slot under the same id (G6); once it is published, its
+    lock and its job's record learn so (G11)."""
+    integ = publisher.integration
+    headers = options.get("headers") or {}
+    call = Call(
+        name,
+        None,
+        args or (),
+        kwargs or {},
+        options["task_id"],
+        policy,
+        limits,
+        delay=delay_of(options),
+        queue=queue_of(task, options),
+    )
+    attempt = (options.get("retries") or 1) - 1
+    key, scope = headers.get(KEY_HEADER), headers.get(SCOPE_HEADER)
+    taken = integ.dedup.drive(
+        keep_for_retry(integ.dedup, integ.reservations, call, key, scope, attempt)
+    )
+    if taken.key is not None:
+        add_key(taken.key, options)
+    result = publisher.original(name, args, kwargs, **options)
+    published(integ.dedup, integ.idempotency, taken)
+    return result
+
+
 class Publisher:
     """Wraps ``app.send_task`` of one app."""
 
@@ -92,7 +129,7 @@ class Publisher:
             limits = None
         retries = options.get("retries") or 0
         if retries and options.get("task_id"):  # Task.retry: same id, keeps its lock (G6)
-            return self._publish_retry(task, policy, limits, name, args, kwargs, options)
+            return publish_retry(self, task, policy, limits, name, args, kwargs, options)
         if member:
             if policy is None or idempotency_key is not None:
                 return self.original(name, args, kwargs, **options)
@@ -153,41 +190,6 @@ class Publisher:
             patience,
         )
         return self._holder(ticket, options)
-
-    def _publish_retry(
-        self,
-        task: Any,
-        policy: TaskPolicy | None,
-        limits: ReservePolicy | None,
-        name: str,
-        args: Any,
-        kwargs: Any,
-        options: dict[str, Any],
-    ) -> Any:
-        """A retry keeps its lock and its slot under the same id (G6); once it is published,
-        its lock and its job's record learn so (G11)."""
-        integ = self.integration
-        headers = options.get("headers") or {}
-        call = Call(
-            name,
-            None,
-            args or (),
-            kwargs or {},
-            options["task_id"],
-            policy,
-            limits,
-            delay=delay_of(options),
-            queue=queue_of(task, options),
-        )
-        attempt = (options.get("retries") or 1) - 1
-        key, scope = headers.get(KEY_HEADER), headers.get(SCOPE_HEADER)
-        flow = keep_for_retry(integ.dedup, integ.reservations, call, key, scope, attempt)
-        taken = integ.dedup.drive(flow)
-        if taken.key is not None:
-            add_key(taken.key, options)
-        result = self.original(name, args, kwargs, **options)
-        published(integ.dedup, integ.idempotency, taken)
-        return result
 
     def wrap_apply_async(self, task: Any) -> None:
         """Let a plain call of a key seen held lately ask the store before Celery prepares a

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from .core import Deduplicator
-from .decide import Ticket
+from .decide import Step, Ticket
 from .errors import DuplicateJob, QuotaExceeded, StoreUnavailable
 from .flow import Flow, ask
 from .idempotency import IdempotencyKeys, Recall, fingerprint
@@ -114,11 +114,12 @@ def held_lately(
     capped: bool,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
-) -> Flow[Ticket | None]:
-    """For a plain call whose key this process saw held lately, the store's answer before the
-    framework builds a message: the holder's Ticket while the key is still held, else None
-    (the call takes the full path, which takes the lock). A call under a cap, per queue, or
-    whose duplicates keep their arguments (reschedule_once) always takes the full path."""
+) -> Step[Ticket | None] | None:
+    """For a plain call whose key this process saw held lately, the store step that asks
+    before the framework builds a message: its answer is the holder's Ticket while the key is
+    still held, else None. None instead of a step: take the full path (it takes the lock).
+    A call under a cap, per queue, or whose duplicates keep their arguments (reschedule_once)
+    always takes the full path. (A plan, not a flow: most calls stop at the first checks.)"""
     p = policy.policy
     if capped or p.per_queue or p.on_conflict == "reschedule_once":
         return None
@@ -131,10 +132,15 @@ def held_lately(
     step = dedup.plan_held(policy, key)
     if step is None:
         return None
-    ticket: Ticket | None = yield step
-    if ticket is not None:
-        recent.note(ticket)
-    return ticket
+    read = step.done
+
+    def noted(reply: Any) -> Ticket | None:
+        ticket = read(reply)
+        if ticket is not None:
+            recent.note(ticket)
+        return ticket
+
+    return dataclasses.replace(step, done=noted)
 
 
 def _enqueue(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Flow[Ticket]:

@@ -220,11 +220,13 @@ class Publisher:
         None otherwise (the call then takes the full path, which takes the lock)."""
         integ = self.integration
         policy = task_policy(task, integ.settings)
-        if policy is None or integ.app.conf.task_always_eager:
+        if policy is None:
             return None
         capped = task_limits(task) is not None
-        flow = held_lately(integ.dedup, self.recent, policy, capped, args or (), kwargs or {})
-        return integ.dedup.drive(flow)
+        step = held_lately(integ.dedup, self.recent, policy, capped, args or (), kwargs or {})
+        if step is not None and integ.app.conf.task_always_eager:
+            return None  # (read only when asking: a lookup in Celery's settings costs)
+        return None if step is None else integ.dedup.run(step)
 
     def _publish(
         self, ticket: Ticket, name: str, args: Any, kwargs: Any, options: dict[str, Any]

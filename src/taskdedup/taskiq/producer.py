@@ -200,9 +200,8 @@ class Producer:
             return None  # per-call switches take the full path
         capped = task_limits(task) is not None
         dedup = self.mw.dedup
-        ticket = await dedup.adrive(
-            submission.held_lately(dedup, self.recent, policy, capped, args, kwargs)
-        )
+        step = submission.held_lately(dedup, self.recent, policy, capped, args, kwargs)
+        ticket = None if step is None else await dedup.arun(step)
         if ticket is None:
             return None
         handle = AsyncTaskiqTask(

@@ -101,7 +101,7 @@ def _refuse(error: ConfigError) -> Callable[[T], T]:
 def task_function(task: Any) -> Callable[..., Any]:
     """The function whose signature the task's arguments bind to (``run``, without ``self``)."""
     run = getattr(task, "_taskdedup_run", None) or task.run
-    return cast(Callable[..., Any], getattr(run, "__wrapped__", run))
+    return cast("Callable[..., Any]", getattr(run, "__wrapped__", run))
 
 
 def _declare(target: Any, attr: str, function_attr: str, options: Any) -> None:

@@ -72,9 +72,10 @@ class Worker:
             return original(*args, **kwargs)
         d = self._delivery(task, args, kwargs)
         integ = self.integ
-        started = self._drive(
-            task, delivery.start_slot(integ.reservations, d, integ.settings.default_lease)
-        )
+        started = None
+        if d.scope:  # (no flow to drive for the many jobs without a scope)
+            default = integ.settings.default_lease
+            started = self._drive(task, delivery.start_slot(integ.reservations, d, default))
         if isinstance(started, delivery.Verdict):  # first: a full scope defers the job
             try:
                 resend(task, args, kwargs, started.delay, started.waits)
@@ -109,13 +110,14 @@ class Worker:
 
     def _delivery(self, task: Any, args: Any, kwargs: Any) -> delivery.Delivery:
         request = task.request
-        limits = task_limits(task)
+        scope = header(request, SCOPE_HEADER) or None
+        limits = task_limits(task) if scope else None
         return delivery.Delivery(
             task.name,
             request.id,
             task_policy(task, self.integ.settings),
             attempt=request.retries or 0,
-            scope=header(request, SCOPE_HEADER) or None,
+            scope=scope,
             cap=limits.max_concurrent if limits is not None else None,
             key=header(request, KEY_HEADER) or None,
             args=args,

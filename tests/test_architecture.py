@@ -39,7 +39,7 @@ NO_IO_IN_DECIDE = {"redis", "celery", "kombu", "taskiq", "threading", "asyncio",
 CLASS_LINES = 250
 CLASSES_ABOVE: dict[str, int] = {}
 ADAPTER_LINES = 700
-ADAPTERS_ABOVE = {"taskdedup.celery": 2000, "taskdedup.taskiq": 1540}
+ADAPTERS_ABOVE = {"taskdedup.celery": 1999, "taskdedup.taskiq": 1538}
 
 
 def modules() -> dict[str, Path]:

@@ -392,5 +392,11 @@ class Deduplicator(Runner):
     ) -> bool:
         return await self._arun(self._plan_release(Release(key, job_id, queued_only), task))
 
+    def plan_release(
+        self, key: str, job_id: str, *, task: str = "?", queued_only: bool = False
+    ) -> Step[bool]:
+        """:meth:`release` without running it."""
+        return self._plan_release(Release(key, job_id, queued_only), task)
+
     def _plan_release(self, op: Release, task: str) -> Step[bool]:
         return plan_release(op, task, note=self.note, unreleased=self.releaser.add)

@@ -23,7 +23,7 @@ from .errors import QuotaExceeded, StoreUnavailable
 from .flow import Flow, ask
 from .policy import TaskPolicy
 from .reservations import ReservationGuard
-from .stores.base import Handoff, Lease
+from .stores.base import Handoff, JobState, Lease
 
 log = logging.getLogger("taskdedup")
 T = TypeVar("T")
@@ -173,3 +173,35 @@ def end(
     if done.handoff is not None:
         yield HandOff(admission.key, done.handoff)
     return None
+
+
+def discard(
+    dedup: Deduplicator,
+    guard: ReservationGuard,
+    task: str,
+    job_id: str,
+    key: str | None,
+    scope: str | None,
+    *,
+    killed: bool,
+    release: bool = True,
+) -> Flow[bool]:
+    """A job that will not run here (revoked or expired) or, ``killed``, was terminated: free
+    its slot and, with ``release``, its lock (G13). A discarded job frees only a lock still
+    QUEUED, and its slot only while the store does not record the job running: a plain revoke
+    does not stop a run, and every worker discards the copies of a revoked job it receives,
+    so freeing more would let a new job run beside the one still going. A terminated job frees
+    everything. True when the lock was freed."""
+    if scope:
+        running = False
+        if not killed and key is not None:
+            try:
+                running = (yield JobState(key, job_id)) == "running"
+            except StoreUnavailable:
+                running = False
+        if not running:
+            yield from guard.give_back_flow(scope, job_id)
+    if key is None or not release:
+        return False
+    freed: bool = yield dedup.plan_release(key, job_id, task=task, queued_only=not killed)
+    return freed

@@ -32,7 +32,7 @@ from typing import Any
 
 from kombu.utils.functional import maybe_list
 
-from .canvas import job_record
+from .. import delivery
 from .messages import KEY_HEADER, SCOPE_HEADER
 from .state import CeleryDedup, integration_for
 from .tasks import task_policy
@@ -92,8 +92,11 @@ def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
         key = header(request, KEY_HEADER) or (
             key_from_arguments(policy, request) if active else None
         )
-        if scope and (killed or not runs_elsewhere(integ, key, job_id)):
-            integ.reservations.give_back(scope, job_id)
+        flow = delivery.discard(
+            integ.dedup, integ.reservations, task.name, job_id, key, scope, killed=killed,
+            release=active,
+        )  # fmt: skip
+        freed = integ.dedup.drive(flow)
         if not active:
             return
         if key is None:
@@ -106,7 +109,7 @@ def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
                 KEY_HEADER,
             )
             return
-        if integ.dedup.release(key, job_id, task=task.name, queued_only=not killed):
+        if freed:
             log.info("taskdedup: %s %s[%s]: its key is free", why, task.name, job_id)
         elif not killed:
             log.info(
@@ -118,14 +121,6 @@ def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
             )
     except Exception:
         log.exception("taskdedup: could not free the key of %s %s[%s]", why, task.name, job_id)
-
-
-def runs_elsewhere(integ: CeleryDedup, key: str | None, job_id: str) -> bool:
-    """Whether the store's record says ``job_id`` is running now (a copy of it was discarded
-    here: a plain revoke does not stop the run). Without a key nothing can tell: False."""
-    if key is None:
-        return False
-    return job_record(integ.dedup.store, key, job_id) == "running"
 
 
 def header(request: Any, name: str) -> Any:

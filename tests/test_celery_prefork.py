@@ -146,6 +146,29 @@ def test_a_redelivered_copy_of_an_attempt_that_was_retried_does_not_run_beside_t
     assert events == ["start", "end", "start", "end"], log  # never two at once
 
 
+def test_a_later_attempt_waits_while_a_worker_runs_an_earlier_one(
+    worker_env: Any, start: Callable[..., WorkerProcess]
+) -> None:
+    """Found by the soak: a retry whose bookkeeping never reached the store (it was down when
+    attempt 0 asked for the retry) arrives while the job's record still says attempt 0 runs.
+    It used to overtake that live run, being a later attempt, and run beside it. Here a real
+    worker runs attempt 0 (6 s) when a delivery of attempt 1 of the same job, sent as it is
+    (no store command, as such a retry was), reaches the other pool process: it must wait."""
+    worker = start()
+    job = worker_env.retried_late_job.delay("overtaken", 6)
+    log_key = f"{worker.prefix}:mark:log:overtaken"
+    wait_for(lambda: worker.client.llen(log_key) >= 1, 30, "attempt 0 to start")
+    worker_env.retried_late_job.apply_async(
+        ("overtaken", 6), task_id=job.id, retries=1, taskdedup_resend=True
+    )
+    assert job.get(timeout=90) == "overtaken"
+    assert "not running sub.retried_late_job" in worker.log_path.read_text(), "never waited"
+    log = [line.decode().split() for line in worker.client.lrange(log_key, 0, -1)]
+    starts = [entry[1] for entry in log if entry[0] == "start"]
+    assert starts == [f"{job.id}/0", f"{job.id}/1"], log  # attempt 1 runs once, after 0
+    assert [entry[0] for entry in log] == ["start", "end", "start", "end"], log
+
+
 def test_a_worker_killed_while_sending_a_retry_loses_no_job_and_strands_no_key(
     worker_env: Any, start: Callable[..., WorkerProcess]
 ) -> None:

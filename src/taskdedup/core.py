@@ -74,6 +74,14 @@ class Runner:
         """The asyncio twin of :meth:`run`."""
         return await self._arun(step)
 
+    def settle(self, plan: T | Step[T]) -> T:
+        """The answer of a plan: its Step run against the store, or the answer itself when
+        planning settled it without the store (a Ticket, an Admission...)."""
+        return self._run(plan) if isinstance(plan, Step) else plan
+
+    async def asettle(self, plan: T | Step[T]) -> T:
+        return await self._arun(plan) if isinstance(plan, Step) else plan
+
     def drive(self, flow: Flow[T], act: Callable[[Any], Any] | None = None) -> T:
         """Run a flow (:mod:`taskdedup.flow`) against the store: the Steps it yields run here,
         any other request (a framework's part) by ``act``."""
@@ -205,7 +213,7 @@ class Deduplicator(Runner):
         ``on_conflict="raise"``. After publishing an acquired ticket call :meth:`published`;
         if the publish fails, :meth:`publish_failed`."""
         step = self.plan_enqueue(policy, args, kwargs, **options)
-        return step if isinstance(step, Ticket) else self._run(step)
+        return self.settle(step)
 
     async def aenqueue(
         self,
@@ -216,7 +224,7 @@ class Deduplicator(Runner):
     ) -> Ticket:
         """The asyncio twin of :meth:`enqueue`."""
         step = self.plan_enqueue(policy, args, kwargs, **options)
-        return step if isinstance(step, Ticket) else await self._arun(step)
+        return await self.asettle(step)
 
     def plan_enqueue(
         self,
@@ -250,11 +258,11 @@ class Deduplicator(Runner):
     def publish_failed(self, ticket: Ticket) -> bool:
         """Publishing failed: release the ticket's lock before the error reaches the caller."""
         plan = self.plan_publish_failed(ticket)
-        return plan if isinstance(plan, bool) else self._run(plan)
+        return self.settle(plan)
 
     async def apublish_failed(self, ticket: Ticket) -> bool:
         plan = self.plan_publish_failed(ticket)
-        return plan if isinstance(plan, bool) else await self._arun(plan)
+        return await self.asettle(plan)
 
     def plan_publish_failed(self, ticket: Ticket) -> bool | Step[bool]:
         """:meth:`publish_failed` without running it."""
@@ -268,22 +276,15 @@ class Deduplicator(Runner):
         """A worker is about to run ``job_id``: may it? ``delivery``: ``key`` (recomputed
         when not given), ``args``, ``kwargs``, ``queue``, ``attempt``, ``store_waits``,
         ``lost_claims`` (see :func:`taskdedup.decide.plan_claim`)."""
-        step = self._plan_claim(policy, job_id, delivery)
-        return step if isinstance(step, Admission) else self._run(step)
+        return self.settle(self.plan_claim(policy, job_id, **delivery))
 
     async def aclaim(self, policy: TaskPolicy, job_id: str, **delivery: Any) -> Admission:
-        step = self._plan_claim(policy, job_id, delivery)
-        return step if isinstance(step, Admission) else await self._arun(step)
+        return await self.asettle(self.plan_claim(policy, job_id, **delivery))
 
     def plan_claim(
         self, tp: TaskPolicy, job_id: str, **delivery: Any
     ) -> Admission | Step[Admission]:
         """:meth:`claim` without running it."""
-        return self._plan_claim(tp, job_id, delivery)
-
-    def _plan_claim(
-        self, tp: TaskPolicy, job_id: str, delivery: dict[str, Any]
-    ) -> Admission | Step[Admission]:
         nonce = uuid.uuid4().hex[:16]
         return plan_claim(
             self.settings,
@@ -338,7 +339,7 @@ class Deduplicator(Runner):
     ) -> bool:
         """The job will run again under the same id: keep its lock, now QUEUED (G6)."""
         plan = self.plan_retry(policy, key, job_id, delay, attempt)
-        return plan if isinstance(plan, bool) else self._run(plan)
+        return self.settle(plan)
 
     async def aretry(
         self,
@@ -350,7 +351,7 @@ class Deduplicator(Runner):
         attempt: int | None = None,
     ) -> bool:
         plan = self.plan_retry(policy, key, job_id, delay, attempt)
-        return plan if isinstance(plan, bool) else await self._arun(plan)
+        return await self.asettle(plan)
 
     def plan_retry(
         self, tp: TaskPolicy, key: str, job_id: str, delay: float = 0.0, attempt: int | None = None
@@ -365,13 +366,13 @@ class Deduplicator(Runner):
     ) -> Completion:
         """The job ended for good (success or final failure): release, throttle or hand off."""
         plan = self.plan_finish(policy, key, job_id, attempt)
-        return plan if isinstance(plan, Completion) else self._run(plan)
+        return self.settle(plan)
 
     async def afinish(
         self, policy: TaskPolicy, key: str, job_id: str, *, attempt: int | None = None
     ) -> Completion:
         plan = self.plan_finish(policy, key, job_id, attempt)
-        return plan if isinstance(plan, Completion) else await self._arun(plan)
+        return await self.asettle(plan)
 
     def plan_finish(
         self, tp: TaskPolicy, key: str, job_id: str, attempt: int | None = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from .core import Deduplicator
 from .decide import FULL_DELAY, Admission, Completion
@@ -26,7 +26,6 @@ from .reservations import ReservationGuard
 from .stores.base import Handoff, JobState, Lease
 
 log = logging.getLogger("taskdedup")
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -146,7 +146,7 @@ class Publisher:
         job_id, plan = plan_call(integ, task, policy, args, kwargs, options)
         if isinstance(plan, Step) and self._fusable(plan):
             return self._publish_fused(plan, job_id, name, args, kwargs, options)
-        ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)
+        ticket = dedup.settle(plan)
         self.recent.note(ticket)
         if ticket.deduplicated:
             return self._holder(ticket, options)
@@ -164,7 +164,7 @@ class Publisher:
         dedup = integ.dedup
         job_id, plan = plan_call(integ, task, policy, args, kwargs, options)
         try:
-            ticket = plan if isinstance(plan, Ticket) else dedup.run(plan)
+            ticket = dedup.settle(plan)
         except DuplicateJob as dup:  # on_conflict="raise" would cut the canvas: follow instead
             ticket = Ticket("duplicate", dup.job_id, dup.key)
         except StoreUnavailable:

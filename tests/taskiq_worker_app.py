@@ -82,10 +82,17 @@ async def long_job(name: str, seconds: float) -> str:
 @deduplicate("until_executed", lease=2, keys=["name"])
 @broker.task(task_name="sub.sync_job")
 def sync_job(name: str, seconds: float) -> str:
-    """Sync (runs in the worker's thread pool): counts its runs, then sleeps."""
+    """Sync (runs in the worker's thread pool): counts its runs, then sleeps; ``seconds < 0``
+    runs until the test sets the mark ``release:<name>`` (at most 60 s)."""
     count(f"runs:{name}")
     mark(f"pid:{name}", os.getpid())
-    time.sleep(seconds)
+    if seconds >= 0:
+        time.sleep(seconds)
+    deadline = time.monotonic() + 60
+    while seconds < 0 and not marks.get(f"{PREFIX}:mark:release:{name}"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"sync_job {name!r} was never released")
+        time.sleep(0.02)
     return name
 
 

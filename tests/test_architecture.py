@@ -39,7 +39,11 @@ NO_IO_IN_DECIDE = {"redis", "celery", "kombu", "taskiq", "threading", "asyncio",
 CLASS_LINES = 250
 CLASSES_ABOVE: dict[str, int] = {}
 ADAPTER_LINES = 700
-ADAPTERS_ABOVE = {"taskdedup.celery": 1999, "taskdedup.taskiq": 1538}
+#: celery grew by 81 lines in issue 14: the acquire written before Celery builds the message
+#: and read just before its publish (redis_push.hook_send_task_message, Publisher), the key
+#: bound once between apply_async and send_task, and a warning for a message that left by a
+#: way that is not hooked (its lock taken after).
+ADAPTERS_ABOVE = {"taskdedup.celery": 2080, "taskdedup.taskiq": 1538}
 
 
 def modules() -> dict[str, Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 
 from taskdedup import Deduplicator, Policy, RedisStore, Settings
@@ -70,3 +71,41 @@ def test_loops_that_ended_leave_no_connections_behind(private_redis_url: str) ->
     after = int(admin.info("clients")["connected_clients"])
     assert after - before <= 2  # the last loop's two connections at most
     admin.close()
+
+
+def test_32_threads_first_calls_on_a_fresh_store_all_answer(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Threads that race to a fresh store's first call share one client: a client made twice
+    and dropped closes its pool's connections under the threads using them (31 of 32 sent
+    calls failed with "Connection closed by server" before)."""
+    from taskdedup.stores.base import Acquire
+
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    barrier = threading.Barrier(32)
+    replies: list[object] = []
+    errors: list[BaseException] = []
+
+    def first_call(i: int) -> None:
+        barrier.wait()
+        try:
+            sent = store.send(Acquire("race", f"j{i}", 60_000, 60_000))
+            assert sent is not None
+            replies.append(sent.reply())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_call, args=(i,)) for i in range(32)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often, as on a busy producer
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        sys.setswitchinterval(switch)
+    assert errors == []
+    assert len(replies) == 32
+    assert sum(r.acquired for r in replies) == 1  # type: ignore[attr-defined]
+    store.close()

@@ -136,13 +136,17 @@ def test_a_sync_task_in_a_process_pool_holds_its_key_while_it_runs(
     worker = start("--use-process-pool", TD_BROKER="list")
 
     async def body() -> None:
-        job = await app.sync_job.kiq("pool", 1.5)
+        job = await app.sync_job.kiq("pool", -1)  # runs until released (past its 2 s lease)
         pid = int(await asyncio.to_thread(wait_for, lambda: worker.mark("pid:pool"), 30, "start"))
         receivers = worker.client.scan_iter(match=f"{worker.prefix}:mark:ready:*")
         assert pid not in {int(name.rsplit(b":", 1)[1]) for name in receivers}  # a pool process
         again = await app.sync_job.kiq("pool", 0)
         assert again.deduplicated and again.task_id == job.task_id
-        result = await job.wait_result(timeout=30)
+        await asyncio.sleep(3)  # past the 2 s lease: the worker renews it for the pool's job
+        again = await app.sync_job.kiq("pool", 0)
+        assert again.deduplicated and again.task_id == job.task_id
+        worker.client.set(f"{worker.prefix}:mark:release:pool", 1, ex=600)
+        result = await job.wait_result(timeout=60)
         assert result.return_value == "pool" and not result.is_err
         # the finished job sent again: skipped inside the pool, which must survive that
         await app.sync_job.kicker().with_task_id(job.task_id).kiq("pool", 0)
@@ -152,7 +156,7 @@ def test_a_sync_task_in_a_process_pool_holds_its_key_while_it_runs(
         )
         fresh = await app.sync_job.kiq("pool", 0)
         assert not fresh.deduplicated
-        await fresh.wait_result(timeout=30)
+        await fresh.wait_result(timeout=60)
 
     run(with_broker(app, body))
     assert worker.mark("runs:pool") == b"2"

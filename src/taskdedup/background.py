@@ -236,6 +236,7 @@ class Confirmer:
         self.dedup = dedup
         self.interval = interval
         self._pending: list[tuple[str, str, float]] = []  # key, job id, give up at
+        self._sending: frozenset[str] = frozenset()  # job ids of the batch on its way
         self._failing = False
         self._mutex = threading.Lock()
         self._wake = threading.Event()
@@ -246,6 +247,7 @@ class Confirmer:
 
     def _reset(self) -> None:
         self._pending, self._failing, self._mutex = [], False, threading.Lock()
+        self._sending = frozenset()
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread, self._pid = None, 0
 
@@ -260,33 +262,18 @@ class Confirmer:
         if first:  # the thread sleeps while nothing is pending
             self._wake.set()
 
-    def hurry(self, job_id: str) -> bool:
-        """Send the pending confirmations now if ``job_id``'s is among them (a duplicate in
-        this process is waiting for it); True if it was."""
-        return self._waiting(job_id) and self.flush() > 0
-
-    async def ahurry(self, job_id: str) -> bool:
-        """:meth:`hurry` without blocking the event loop."""
-        if not self._waiting(job_id):
-            return False
-        batch = self._take()
-        if not batch:
-            return False
-        try:
-            confirmed = await self.dedup.store.arun(Confirm(tuple((k, j) for k, j, _ in batch)))
-        except Exception as exc:
-            self._failed(batch, exc)
-            return False
-        self._failing = False
-        return confirmed > 0
-
-    def _waiting(self, job_id: str) -> bool:
+    def queued(self, job_id: str) -> bool:
+        """Whether ``job_id``'s confirmation waits here or is on its way: its publish
+        succeeded in this process (a duplicate in this process need not wait for the batch)."""
         with self._mutex:
-            return self._pid == os.getpid() and any(j == job_id for _, j, _ in self._pending)
+            if self._pid != os.getpid():
+                return False
+            return job_id in self._sending or any(j == job_id for _, j, _ in self._pending)
 
     def _take(self) -> list[tuple[str, str, float]]:
         with self._mutex:
             batch, self._pending = self._pending, []
+            self._sending = frozenset(j for _, j, _ in batch)
         return batch
 
     def _start(self) -> None:
@@ -304,6 +291,9 @@ class Confirmer:
             confirmed = self.dedup.store.run(Confirm(tuple((k, j) for k, j, _ in batch)))
         except Exception as exc:  # a missed confirmation costs a dedup window, never a job
             return self._failed(batch, exc)
+        finally:
+            with self._mutex:
+                self._sending = frozenset()  # (a failed batch is back in _pending by now)
         self._failing = False
         return confirmed
 

@@ -9,6 +9,7 @@ confirms published locks and sends again releases the store could not take.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -119,7 +120,7 @@ class Runner:
         op, deadline = first or step.op, time.monotonic() + HOLDER_WAIT
         while True:
             try:
-                reply = self.store.run(op)
+                reply = self.published_here(self.store.run(op))
             except StoreUnavailable as exc:
                 return step.failed(exc)
             pause = None if step.waits is None else step.waits(reply)
@@ -133,10 +134,10 @@ class Runner:
         op, deadline = first or step.op, time.monotonic() + HOLDER_WAIT
         while True:
             try:
-                reply = await self.store.arun(op)
+                reply = self.published_here(await self.store.arun(op))
             except StoreUnavailable as exc:
                 return step.failed(exc)
-            pause = None if step.waits is None else await self._apending(step, reply)
+            pause = None if step.waits is None else step.waits(reply)
             if pause is None or time.monotonic() > deadline:
                 return step.done(reply)
             op = step.again or step.op
@@ -144,21 +145,18 @@ class Runner:
                 await asyncio.sleep(pause)
 
     def _holder_pending(self, reply: AcquireReply) -> float | None:
-        """When to ask again about a holder still being published (None: it is not). A holder
-        published by this very process has its confirmation sent now, and is asked about
-        again at once."""
+        """When to ask again about a holder still being published (None: it is not)."""
         if not reply.pending or reply.acquired:
             return None
-        return 0.0 if self.confirmer.hurry(reply.holder) else HOLDER_POLL
+        return HOLDER_POLL
 
-    async def _apending(self, step: Step[T], reply: Any) -> float | None:
-        """``step.waits`` for the async runner: a holder published by this very process has
-        its confirmation sent without blocking the event loop."""
-        if step.waits is None:
-            return None
-        if isinstance(reply, AcquireReply) and reply.pending and not reply.acquired:
-            return 0.0 if await self.confirmer.ahurry(reply.holder) else HOLDER_POLL
-        return step.waits(reply)
+    def published_here(self, reply: Any) -> Any:
+        """A holder whose publish this very process saw succeed (its confirmation is queued
+        here) is as good as confirmed: its reply is final, no need to wait for the batch."""
+        waiting = isinstance(reply, AcquireReply) and reply.pending and not reply.acquired
+        if waiting and self.confirmer.queued(reply.holder):
+            return dataclasses.replace(reply, pending=False)
+        return reply
 
     def note(self, decision: str, outcome: str, level: int, task: str, **fields: Any) -> None:
         """Count ``decision.outcome`` in ``stats`` and log it on the ``taskdedup`` logger."""

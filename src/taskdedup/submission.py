@@ -107,27 +107,30 @@ def take(
     return taken
 
 
-def held_lately(
-    dedup: Deduplicator,
-    recent: RecentKeys,
-    policy: TaskPolicy,
-    capped: bool,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-) -> Step[Ticket | None] | None:
-    """For a plain call whose key this process saw held lately, the store step that asks
-    before the framework builds a message: its answer is the holder's Ticket while the key is
-    still held, else None. None instead of a step: take the full path (it takes the lock).
-    A call under a cap, per queue, or whose duplicates keep their arguments (reschedule_once)
-    always takes the full path. (A plan, not a flow: most calls stop at the first checks.)"""
+def lately_key(
+    policy: TaskPolicy, capped: bool, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> str | None:
+    """The key of a plain call that may ask first (:func:`held_lately`); None for a call
+    that always takes the full path: under a cap, per queue, whose duplicates keep their
+    arguments (reschedule_once), or whose arguments do not encode (the full path reports it).
+    The adapter hands the key on to the enqueue, so a call's arguments are bound once."""
     p = policy.policy
     if capped or p.per_queue or p.on_conflict == "reschedule_once":
         return None
     try:
-        key = policy.key_for(args, kwargs)
+        return policy.key_for(args, kwargs)
     except Exception:
-        return None  # the full path reports it
-    if not recent.seen(key):
+        return None
+
+
+def held_lately(
+    dedup: Deduplicator, recent: RecentKeys, policy: TaskPolicy, key: str | None
+) -> Step[Ticket | None] | None:
+    """For a plain call whose key (:func:`lately_key`) this process saw held lately, the
+    store step that asks before the framework builds a message: its answer is the holder's
+    Ticket while the key is still held, else None. None instead of a step: take the full path
+    (it takes the lock). (A plan, not a flow: most calls stop at the first check.)"""
+    if key is None or not recent.seen(key):
         return None
     step = dedup.plan_held(policy, key)
     if step is None:

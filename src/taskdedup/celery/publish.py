@@ -11,6 +11,8 @@ moment ago is answered from the store before Celery builds a message.
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 from typing import Any, cast
 
 from kombu.utils.uuid import uuid
@@ -22,7 +24,8 @@ from ..recent import RecentKeys
 from ..reservations import ReservePolicy
 from ..stores.base import Acquire
 from ..stores.redis import RedisStore
-from ..submission import Call, held_lately, keep_for_retry, published
+from ..stores.redis_sent import SentCall
+from ..submission import Call, held_lately, keep_for_retry, lately_key, published
 from .canvas import MIN_PATIENCE, continues, publish_follower, register, results_kept
 from .guarded import publish_guarded
 from .messages import (
@@ -35,15 +38,24 @@ from .messages import (
     expires_in_of,
     queue_of,
 )
-from .redis_push import PENDING, NotPublished, PendingEnqueue, StoreDown
+from .redis_push import PENDING, NotPublished, PendingEnqueue, StoreDown, hear_sent
 from .state import CeleryDedup
 from .tasks import task_limits, task_policy
 
+log = logging.getLogger("taskdedup")
+
 
 def plan_call(
-    integ: CeleryDedup, task: Any, policy: TaskPolicy, args: Any, kwargs: Any, options: Any
+    integ: CeleryDedup,
+    task: Any,
+    policy: TaskPolicy,
+    args: Any,
+    kwargs: Any,
+    options: Any,
+    key: str | None = None,
 ) -> tuple[str, Ticket | Step[Ticket]]:
-    """The call's job id (set in ``options``) and its enqueue decision, planned."""
+    """The call's job id (set in ``options``) and its enqueue decision, planned (``key``:
+    the call's key, when ``apply_async`` already computed it)."""
     job_id = options.get("task_id") or uuid()
     options["task_id"] = job_id
     payload = None
@@ -58,6 +70,7 @@ def plan_call(
         queue=queue_of(task, options),
         delay=delay_of(options),
         payload=payload,
+        key=key,
         expires_in=expires_in_of(options),
     )
     return job_id, plan
@@ -107,6 +120,7 @@ class Publisher:
         self.integration = integration
         self.original = original
         self.recent = RecentKeys()  # keys asked about before Celery builds a message
+        self._known = threading.local()  # the key apply_async computed for the call under way
         register(integration)  # taskdedup.follow, which stands in for a deduplicated member
 
     def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
@@ -135,17 +149,22 @@ class Publisher:
                 return self.original(name, args, kwargs, **options)
             return self._publish_member(task, policy, name, args, kwargs, options)
         if idempotency_key is not None or limits is not None:
-            idempotency = None
-            if idempotency_key is not None:
-                idempotency = (idempotency_key, idempotency_ttl)
+            idempotency = None if idempotency_key is None else (idempotency_key, idempotency_ttl)
             return publish_guarded(
                 self, task, name, args, kwargs, options, policy, limits, idempotency
             )
         assert policy is not None
         dedup = integ.dedup
-        job_id, plan = plan_call(integ, task, policy, args, kwargs, options)
-        if isinstance(plan, Step) and self._fusable(plan):
-            return self._publish_fused(plan, job_id, name, args, kwargs, options)
+        known = getattr(self._known, "call", None)  # bound once: in apply_async, then here
+        key = known[2] if known and known[0] is args and known[1] is kwargs else None
+        job_id, plan = plan_call(integ, task, policy, args, kwargs, options, key)
+        if isinstance(plan, Step) and not self.recent.seen(cast(Acquire, plan.op).key):
+            if integ.fused_publish:
+                return self._publish_pending(plan, job_id, name, args, kwargs, options)
+            if integ.sends_early:
+                sent = cast(RedisStore, dedup.store).send(plan.op)
+                if sent is not None:
+                    return self._publish_pending(plan, job_id, name, args, kwargs, options, sent)
         ticket = dedup.settle(plan)
         self.recent.note(ticket)
         if ticket.deduplicated:
@@ -205,28 +224,36 @@ class Publisher:
             args: Any = None, kwargs: Any = None, task_id: Any = None, **options: Any
         ) -> Any:
             if task_id is None and not options:  # .delay(...), .apply_async(args, kwargs)
-                ticket = self._ask_first(task, args, kwargs)
+                ticket, key = self._ask_first(task, args, kwargs)
                 if ticket is not None:
                     return self.existing(
                         ticket.job_id, {"result_cls": task.AsyncResult}, deduplicated=True
                     )
+                if key is not None:  # the publish below takes it, not binding the call again
+                    self._known.call = (args, kwargs, key)
+                    try:
+                        return original(args, kwargs)
+                    finally:
+                        self._known.call = None
             return original(args, kwargs, task_id=task_id, **options)
 
         task._taskdedup_apply_async = original
         task.apply_async = apply_async
 
-    def _ask_first(self, task: Any, args: Any, kwargs: Any) -> Ticket | None:
-        """The holder's Ticket when a call whose key was seen held lately finds it still held;
-        None otherwise (the call then takes the full path, which takes the lock)."""
+    def _ask_first(self, task: Any, args: Any, kwargs: Any) -> tuple[Ticket | None, str | None]:
+        """The holder's Ticket when a call whose key was seen held lately finds it still held,
+        else None (the call then takes the full path, which takes the lock); and the call's
+        key, when it was computed."""
         integ = self.integration
         policy = task_policy(task, integ.settings)
         if policy is None:
-            return None
+            return None, None
         capped = task_limits(task) is not None
-        step = held_lately(integ.dedup, self.recent, policy, capped, args or (), kwargs or {})
-        if step is not None and integ.app.conf.task_always_eager:
-            return None  # (read only when asking: a lookup in Celery's settings costs)
-        return None if step is None else integ.dedup.run(step)
+        key = lately_key(policy, capped, args or (), kwargs or {})
+        step = held_lately(integ.dedup, self.recent, policy, key)
+        if step is None or integ.app.conf.task_always_eager:
+            return None, key  # (eager read only when asking: a lookup in settings costs)
+        return integ.dedup.run(step), key
 
     def _publish(
         self, ticket: Ticket, name: str, args: Any, kwargs: Any, options: dict[str, Any]
@@ -244,7 +271,7 @@ class Publisher:
         result.deduplicated = False
         return result
 
-    def _publish_fused(
+    def _publish_pending(
         self,
         step: Step[Ticket],
         job_id: str,
@@ -252,25 +279,29 @@ class Publisher:
         args: Any,
         kwargs: Any,
         options: dict[str, Any],
+        sent: SentCall | None = None,
     ) -> Any:
-        """Publish with the lock taken where kombu pushes the message (see redis_push)."""
+        """Publish with the lock taken where kombu pushes the message, or with the reply of
+        the acquire ``sent`` early read just before the publish (see redis_push)."""
         dedup = self.integration.dedup
-        pending = PendingEnqueue(job_id, step, cast(RedisStore, dedup.store))
+        pending = PendingEnqueue(job_id, step, cast(RedisStore, dedup.store), sent=sent)
         add_key(pending.op.key, options)
         token = PENDING.set(pending)
         try:
             result = self.original(name, args, kwargs, **options)
         except NotPublished:
             self._forget_subscription(job_id, options)
-            if step.waits is None or step.waits(pending.reply) is None:
-                ticket = step.done(pending.reply)  # a duplicate; raises DuplicateJob if asked
+            reply = dedup.published_here(pending.reply)
+            if step.waits is None or step.waits(reply) is None:
+                ticket = step.done(reply)  # a duplicate; raises DuplicateJob if asked
                 self.recent.note(ticket)
                 return self._holder(ticket, options)
             result = None  # the holder is still being published: ask again, below
         except StoreDown as down:  # on_store_error="raise", kept from kombu's retries
             raise down.error from None
         except BaseException:
-            if pending.reply is not None and not pending.fused:
+            hear_sent(pending)  # Celery failed before the publish
+            if pending.reply is not None and pending.reply.acquired and not pending.fused:
                 dedup.publish_failed(step.done(pending.reply))  # G5
             raise
         finally:
@@ -281,6 +312,9 @@ class Publisher:
             if ticket.deduplicated:
                 return self._holder(ticket, options)
             return self._publish(ticket, name, args, kwargs, options)
+        if pending.sent is not None or (pending.reply is None and pending.ticket is None):
+            log.warning("%s[%s]: published by a way taskdedup does not hook", name, job_id)
+        hear_sent(pending)  # the message left by a way that was not hooked: lock taken after
         if pending.ticket is not None:  # the store was down: published without dedup
             ticket = pending.ticket
         elif pending.reply is not None:
@@ -293,13 +327,6 @@ class Publisher:
         self.recent.note(ticket)
         result.deduplicated = False
         return result
-
-    def _fusable(self, step: Step[Ticket]) -> bool:
-        """Worth taking the lock inside the push: a Redis broker on the store's server, and a
-        key not seen held lately (a likely duplicate is cheaper to ask about first)."""
-        if not self.integration.fused_publish:
-            return False
-        return not self.recent.seen(cast(Acquire, step.op).key)
 
     def _holder(self, ticket: Ticket, options: dict[str, Any]) -> Any:
         return self.existing(ticket.job_id, options, deduplicated=True)

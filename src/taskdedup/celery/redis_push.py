@@ -1,4 +1,5 @@
-"""One round trip for a fresh key on a Redis broker that is also the store.
+"""One round trip for a fresh key on a Redis broker that is also the store; on other brokers,
+the acquire's round trip overlapped with Celery's building of the message.
 
 The usual enqueue asks the store for the lock, then the broker pushes the message: two round
 trips. When the broker is kombu's Redis transport on the store's own server, the publisher
@@ -11,10 +12,15 @@ holder's handle.
 Any other way to the queue (a fanout exchange, kombu's publish batches, queues with
 ``x-expires``, another server) takes the lock first and pushes after, still inside the hook,
 so no message leaves without its lock decision.
+
+On any other broker (RabbitMQ, a Redis apart from the store) the publisher writes the acquire
+before Celery builds the message (stores/redis_sent) and the hooked ``send_task_message``
+reads its reply once the message is built, just before it is published.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import threading
@@ -28,6 +34,7 @@ from ..decide import Step, Ticket
 from ..errors import StoreUnavailable
 from ..stores.base import Acquire, AcquireReply
 from ..stores.redis import RedisStore
+from ..stores.redis_sent import SentCall
 
 
 class NotPublished(Exception):
@@ -54,6 +61,7 @@ class PendingEnqueue:
     ticket: Ticket | None = None  # set when the store was down (decided by on_store_error)
     fused: bool = False  # lock and message went out in one script
     batched: bool = False  # the message sits in a kombu publish batch that may be discarded
+    sent: SentCall | None = None  # the acquire, written before Celery built the message
 
     @property
     def op(self) -> Acquire:
@@ -98,15 +106,26 @@ def store_unavailable(pending: PendingEnqueue, exc: StoreUnavailable) -> None:
         raise StoreDown(error) from exc
 
 
-def _decide_first(pending: PendingEnqueue) -> None:
-    """Take the lock in its own round trip; raise NotPublished for a duplicate."""
+def decide_first(pending: PendingEnqueue) -> None:
+    """Take the lock in its own round trip, or read the reply of the acquire sent early;
+    raise NotPublished for a duplicate."""
+    sent, pending.sent = pending.sent, None
     try:
-        pending.reply = pending.store.run(pending.op)
+        pending.reply = pending.store.run(pending.op) if sent is None else sent.reply()
     except StoreUnavailable as exc:
         store_unavailable(pending, exc)
         return
     if not pending.reply.acquired:
         raise NotPublished(pending.job_id)
+
+
+def hear_sent(pending: PendingEnqueue) -> None:
+    """Read the reply of an acquire sent early that no hook read (Celery failed before the
+    publish, or the message left by a way that was not hooked): the reply is kept whatever it
+    says, and the store being down decides by on_store_error without raising."""
+    if pending.sent is not None:
+        with contextlib.suppress(NotPublished, StoreDown):
+            decide_first(pending)
 
 
 def install_hooks() -> None:
@@ -124,7 +143,7 @@ def install_hooks() -> None:
             expiring = self._expires and queue in self._expires
             if "_publish_batch" in kwargs or expiring or not _shares_server(self, pending.store):
                 pending.batched = kwargs.get("_publish_batch") is not None
-                _decide_first(pending)
+                decide_first(pending)
                 return put(self, queue, message, **kwargs)
             priority = self._get_message_priority(message, reverse=False)
             name = self.global_keyprefix + self._q_for_pri(queue, priority)
@@ -143,8 +162,29 @@ def install_hooks() -> None:
             pending = _pending_for(message)
             if pending is not None:
                 pending.batched = kw.get("_publish_batch") is not None
-                _decide_first(pending)
+                decide_first(pending)
             return put_fanout(self, exchange, message, routing_key, **kw)
 
         channel_cls._put, channel_cls._put_fanout = _put, _put_fanout
         channel_cls._taskdedup_hooked = True
+
+
+def hook_send_task_message(amqp: Any) -> None:
+    """Read an acquire sent early (see stores/redis_sent) in ``amqp.send_task_message``: after
+    Celery built the message, before it is published (once per app)."""
+    if getattr(amqp, "_taskdedup_hooked", False):
+        return
+    original = amqp.send_task_message
+
+    def send_task_message(producer: Any, name: str, message: Any, **options: Any) -> Any:
+        pending = PENDING.get()
+        if (
+            pending is not None
+            and pending.sent is not None
+            and message.headers.get("id") == pending.job_id
+        ):
+            decide_first(pending)
+        return original(producer, name, message, **options)
+
+    amqp.send_task_message = send_task_message
+    amqp._taskdedup_hooked = True

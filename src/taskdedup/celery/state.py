@@ -19,7 +19,7 @@ from ..features import Features
 from ..settings import Settings
 from ..stores import RedisStore, Store
 from .config import settings_from_app, store_for_app
-from .redis_push import install_hooks
+from .redis_push import hook_send_task_message, install_hooks
 
 log = logging.getLogger("taskdedup")
 
@@ -45,6 +45,7 @@ class CeleryDedup(Features):
         self._heartbeat: Heartbeat | None = None
         self._heartbeat_pid = 0
         self._fused: bool | None = None
+        self._early: bool | None = None
         self._ready = False  # the finalized app's settings were read and its tasks checked
         self._finalizing = False
         self.publisher: Handles | None = None
@@ -106,7 +107,7 @@ class CeleryDedup(Features):
             from kombu.transport.redis import Transport
 
             store = self.dedup.store
-            self._fused = (
+            fused = (
                 self.settings.fused_publish
                 and isinstance(store, RedisStore)
                 and store.url is not None
@@ -114,9 +115,22 @@ class CeleryDedup(Features):
                 and not self.settings.dry_run
                 and isinstance(self.app.connection_for_write().transport, Transport)
             )
-            if self._fused:
-                install_hooks()
+            if fused:
+                install_hooks()  # before any thread can see the answer
+            self._fused = fused
         return self._fused
+
+    @property
+    def sends_early(self) -> bool:
+        """Whether an enqueue that is not fused writes its acquire before Celery builds the
+        message and reads the reply just before the publish (a Redis store; see redis_push)."""
+        if self._early is None:
+            with self._mutex:  # hooked before any thread can see the answer
+                early = isinstance(self.dedup.store, RedisStore) and not self.fused_publish
+                if early:
+                    hook_send_task_message(self.app.amqp)
+                self._early = early
+        return self._early
 
     def heartbeat(self) -> Heartbeat:
         """This process's heartbeat thread (a fresh one in each forked pool child)."""

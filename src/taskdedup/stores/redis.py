@@ -38,6 +38,7 @@ from .base import (
 )
 from .redis_calls import SHAS, SOURCES, ScriptCall, ScriptCalls, as_text, parse_acquire
 from .redis_clients import RedisClients, check_options
+from .redis_sent import SentCall, send
 
 if sys.version_info >= (3, 11, 3):  # the same cut-over redis-py makes (earlier 3.11s had bugs)
     from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
@@ -199,6 +200,21 @@ class RedisStore(Store):
         with _answering():
             return cast(R, self._run_special(op))
 
+    def send(self, op: Op[Any]) -> SentCall | None:
+        """Write ``op`` now and read its reply later with ``.reply()`` (see redis_sent), so
+        the caller's own work overlaps the round trip; None when ``op`` cannot go that way."""
+        builder = self.calls.single.get(type(op))
+        if builder is None:
+            return None
+        call = builder(op)
+        with _answering(call.keys):
+            return send(
+                self.client,
+                call,
+                lambda: self._eval(call.script, call.keys, call.args),
+                _answering,
+            )
+
     async def arun(self, op: Op[R]) -> R:
         if self.async_client is None:
             return await asyncio.to_thread(self.run, op)
@@ -251,7 +267,7 @@ class RedisStore(Store):
 
     def _run_special(self, op: Op[Any]) -> Any:
         if isinstance(op, Scan):
-            return self._scan(op)
+            return _scan(self, op)
         if isinstance(op, ListScopes):
             return _list_scopes(self.client, self.prefix, op.limit)
         if isinstance(op, ForceUnlock):
@@ -319,24 +335,26 @@ class RedisStore(Store):
             raise self._timed_out() from None
         return combine([call.parse(raw) for call, raw in zip(calls, raws, strict=True)])
 
-    def _scan(self, op: Scan) -> list[LockInfo]:
-        found: list[LockInfo] = []
-        seen: set[str] = set()
-        head = self.prefix + ":{"
-        for raw in self.client.scan_iter(match=f"{self.prefix}:{{*}}:*", count=500):
-            name = as_text(raw)
-            if not name.endswith(("}:lock", "}:run")):
-                continue
-            key = name[len(head) : name.rindex("}")]
-            if key in seen:
-                continue
-            seen.add(key)
-            info = self.run(Inspect(key))
-            if info is not None:
-                found.append(info)
-                if len(found) >= op.limit:
-                    break
-        return found
+
+def _scan(store: RedisStore, op: Scan) -> list[LockInfo]:
+    """Every lock under the store's prefix, read one key at a time (an operator's call)."""
+    found: list[LockInfo] = []
+    seen: set[str] = set()
+    head = store.prefix + ":{"
+    for raw in store.client.scan_iter(match=f"{store.prefix}:{{*}}:*", count=500):
+        name = as_text(raw)
+        if not name.endswith(("}:lock", "}:run")):
+            continue
+        key = name[len(head) : name.rindex("}")]
+        if key in seen:
+            continue
+        seen.add(key)
+        info = store.run(Inspect(key))
+        if info is not None:
+            found.append(info)
+            if len(found) >= op.limit:
+                break
+    return found
 
 
 def _list_scopes(client: Any, prefix: str, limit: int) -> list[str]:

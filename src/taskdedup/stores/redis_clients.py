@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -79,6 +80,7 @@ class RedisClients:
         self.url = url
         self._options = options
         self._client = client
+        self._making = threading.Lock()
         self._async_client = async_client  # given: used as it is, whatever the loop
         self._given = None if async_client is None else _LoopClients(async_client, None)
         #: The asyncio clients made here, per event loop (redis-py's are bound to the loop
@@ -91,8 +93,12 @@ class RedisClients:
 
     @property
     def client(self) -> Any:
+        """The sync client, made once: threads racing to make it would each make one, and a
+        discarded client closes its pool's connections, in use or not, when it is collected."""
         if self._client is None:
-            self._client = self._make_client(asynchronous=False)
+            with self._making:
+                if self._client is None:
+                    self._client = self._make_client(asynchronous=False)
         return self._client
 
     def for_loop(self) -> _LoopClients | None:

@@ -198,10 +198,9 @@ class Producer:
         policy = self.mw.policies.resolve(task, declared(task), ())
         if policy is None or (LABEL in labels and labels[LABEL] is not declared(task)):
             return None  # per-call switches take the full path
-        capped = task_limits(task) is not None
-        dedup = self.mw.dedup
-        step = submission.held_lately(dedup, self.recent, policy, capped, args, kwargs)
-        ticket = None if step is None else await dedup.arun(step)
+        key = submission.lately_key(policy, task_limits(task) is not None, args, kwargs)
+        step = submission.held_lately(self.mw.dedup, self.recent, policy, key)
+        ticket = None if step is None else await self.mw.dedup.arun(step)
         if ticket is None:
             return None
         handle = AsyncTaskiqTask(
@@ -269,6 +268,7 @@ class Producer:
             step.failed(exc)  # logs (on_store_error="raise" never takes this path)
             await self._send(message)  # publish without dedup (G5)
             return
+        reply = self.mw.dedup.published_here(reply)
         if step.waits is not None and reply.pending:  # the holder is being published:
             ticket = await self.mw.dedup.aresume(step)  # ask until it is confirmed or gone
         else:

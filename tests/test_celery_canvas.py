@@ -242,14 +242,26 @@ def test_identical_chords_whose_body_is_deduplicated_both_complete(
         assert gate.wait(TIMEOUT)
         return sum(values)
 
-    with threads_worker(app):
-        first = chord([square.s(1), square.s(2)], total.s()).apply_async()
-        wait_for(lambda: marks.runs("total", [1, 4]) == 1, TIMEOUT, "the first body to start")
-        second = chord([square.s(1), square.s(2)], total.s()).apply_async()
-        wait_for(lambda: second.parent.ready(), TIMEOUT, "the second chord's header")
-        gate.set()
-        assert first.get(timeout=TIMEOUT) == 5
-        assert second.get(timeout=TIMEOUT) == 5
+    published: list[tuple[str, str]] = []  # (task, id) of each message, worker's included
+
+    def note(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        published.append((headers["task"], headers["id"]))
+
+    signals.after_task_publish.connect(note, weak=False)
+    try:
+        with threads_worker(app):
+            first = chord([square.s(1), square.s(2)], total.s()).apply_async()
+            wait_for(lambda: marks.runs("total", [1, 4]) == 1, TIMEOUT, "the first body to start")
+            second = chord([square.s(1), square.s(2)], total.s()).apply_async()
+            # the header's results are stored before the body is sent: wait for the body
+            # itself, which stands as a follower of the running first body
+            body = ("taskdedup.follow", second.id)
+            wait_for(lambda: body in published, TIMEOUT, "the second body to follow the first")
+            gate.set()
+            assert first.get(timeout=TIMEOUT) == 5
+            assert second.get(timeout=TIMEOUT) == 5
+    finally:
+        signals.after_task_publish.disconnect(note)
     assert marks.runs("total", [1, 4]) == 1
 
 

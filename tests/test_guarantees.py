@@ -165,6 +165,36 @@ def test_g4_core_heartbeat_keeps_a_job_and_a_dead_one_frees_its_key_after_the_le
     assert beat._thread is None
 
 
+def test_a_shorter_lease_added_while_the_heartbeat_waits_is_renewed_in_time(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The heartbeat thread is woken only by a lease that needs a beat sooner than the one it
+    planned (not by every job): a 0.6 s lease added while it waits 10 s for a 30 s lease's
+    beat is still renewed, and its job keeps its key for several leases."""
+    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix))
+    long = Policy("until_executed", lease=30).bind("ci.build", build)
+    short = Policy("until_executed", lease=0.6).bind("ci.build", build)
+    slow, quick = dedup.enqueue(long, (1,), job_id="slow"), dedup.enqueue(short, (2,), job_id="q")
+    assert slow.key and quick.key
+    slow_lease = dedup.claim(long, "slow", key=slow.key).lease
+    quick_lease = dedup.claim(short, "q", key=quick.key).lease
+    assert slow_lease is not None and quick_lease is not None
+    beat = Heartbeat(dedup)
+    try:
+        beat.add(slow_lease)
+        deadline = time.monotonic() + 5
+        while beat._due == float("inf"):  # the thread has planned its first beat (in 10 s)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        beat.add(quick_lease)
+        ends = time.monotonic() + 2.0  # more than three of its leases
+        while time.monotonic() < ends:
+            assert dedup.enqueue(short, (2,), job_id="other").job_id == "q", "lease lapsed"
+            time.sleep(0.1)
+    finally:
+        beat.stop()
+
+
 def test_g4_core_with_a_fake_clock() -> None:
     clock = FakeClock()
     dedup = Deduplicator(MemoryStore(clock=clock))

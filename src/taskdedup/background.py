@@ -15,6 +15,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -69,6 +70,19 @@ class _Leases:
         self._held: dict[tuple[str, str, bool], Lease] = {}
         self._mutex = threading.Lock()
         self._default = default_lease
+        self._due = math.inf  # when the next beat is planned (the beating loop's clock)
+
+    def plan(self, now: float, due: float = math.inf) -> float:
+        """When to beat next: a third of the shortest lease held from ``now``, and no later
+        than ``due``. (Unknown while it is computed: a lease added meanwhile wakes the loop.)"""
+        self._due = math.inf
+        self._due = min(due, now + self.interval())
+        return self._due
+
+    def sooner(self, lease: Lease, now: float) -> bool:
+        """Whether ``lease`` needs a beat before the one planned: only then is the beating
+        loop woken (waking it for every job would cost each job a thread switch)."""
+        return now + lease.lease_ms / 3000 < self._due
 
     def add(self, lease: Lease) -> None:
         with self._mutex:
@@ -121,10 +135,12 @@ class Heartbeat(_Leases):
         super().add(lease)
         if self._thread is None or not self._thread.is_alive():
             self.start()
-        self._wake.set()  # a shorter lease may need an earlier beat (never an immediate one)
+        elif self.sooner(lease, time.monotonic()):  # a shorter lease: an earlier beat
+            self._wake.set()
 
     def start(self) -> None:
         self._stop.clear()
+        self._due = math.inf  # wake on every add until the new thread plans its first beat
         self._thread = threading.Thread(target=self._loop, name="taskdedup-heartbeat", daemon=True)
         self._thread.start()
 
@@ -143,21 +159,21 @@ class Heartbeat(_Leases):
                 self.dedup.lease_lost(lease)
 
     def _loop(self) -> None:
-        due = time.monotonic() + self.interval()
+        due = self.plan(time.monotonic())
         while not self._stop.is_set():
             self._wake.wait(max(0.0, due - time.monotonic()))
             if self._stop.is_set():
                 break
-            if self._wake.is_set():  # a lease was added: it may be due sooner, not now
+            if self._wake.is_set():  # a shorter lease was added: it may be due sooner, not now
                 self._wake.clear()
-                due = min(due, time.monotonic() + self.interval())
+                due = self.plan(time.monotonic(), due)
                 if time.monotonic() < due:
                     continue
             try:
                 self.beat()
             except Exception:  # keep beating: a lost beat costs a lease, a dead thread all
                 log.exception("taskdedup heartbeat failed")
-            due = time.monotonic() + self.interval()
+            due = self.plan(time.monotonic())
 
 
 class AsyncHeartbeat(_Leases):
@@ -174,11 +190,12 @@ class AsyncHeartbeat(_Leases):
         super().add(lease)
         if self._task is None or self._task.done():
             self.start()
-        if self._wake is not None:
+        elif self._wake is not None and self.sooner(lease, asyncio.get_running_loop().time()):
             self._wake.set()
 
     def start(self) -> None:
         self._stopping = False
+        self._due = math.inf
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
@@ -202,7 +219,7 @@ class AsyncHeartbeat(_Leases):
     async def _loop(self) -> None:
         assert self._wake is not None
         loop = asyncio.get_running_loop()
-        due = loop.time() + self.interval()
+        due = self.plan(loop.time())
         while not self._stopping:
             # asyncio.wait, not wait_for: on 3.11 wait_for can swallow the cancel that ends us
             waiter = loop.create_task(self._wake.wait())
@@ -212,16 +229,16 @@ class AsyncHeartbeat(_Leases):
                 waiter.cancel()
             if self._stopping:
                 break
-            if self._wake.is_set():  # a lease was added: it may be due sooner, not now
+            if self._wake.is_set():  # a shorter lease was added: it may be due sooner
                 self._wake.clear()
-                due = min(due, loop.time() + self.interval())
+                due = self.plan(loop.time(), due)
                 if loop.time() < due:
                     continue
             try:
                 await self.beat()
             except Exception:
                 log.exception("taskdedup heartbeat failed")
-            due = loop.time() + self.interval()
+            due = self.plan(loop.time())
 
 
 class Confirmer:

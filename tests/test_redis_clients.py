@@ -109,3 +109,34 @@ def test_32_threads_first_calls_on_a_fresh_store_all_answer(
     assert len(replies) == 32
     assert sum(r.acquired for r in replies) == 1  # type: ignore[attr-defined]
     store.close()
+
+
+def test_a_connection_lost_between_a_call_and_its_reply_is_asked_again(
+    private_redis_url: str,
+) -> None:
+    """The store's connection is killed after a call was written and before its reply was
+    read: the call is run again on a new connection (as redis-py's retries would), and the
+    caller gets an answer, not StoreUnavailable."""
+    import redis
+
+    from taskdedup.stores.base import Acquire
+
+    admin = redis.Redis.from_url(private_redis_url)
+    admin.client_setname("admin")
+    store = RedisStore.from_url(private_redis_url, key_prefix="lost-reply")
+    store.run(Acquire("warm", "w", 60_000, 60_000))  # connected, scripts loaded
+    admin.client_pause(5000, all=False)  # writes wait: the call is held before it runs
+    try:
+        sent = store.send(Acquire("lost", "j1", 60_000, 60_000))
+        assert sent is not None
+        victims = [c["id"] for c in admin.client_list() if c.get("name") != "admin"]
+        assert victims
+        for ident in victims:
+            admin.client_kill_filter(_id=ident)
+    finally:
+        admin.client_unpause()
+    reply = sent.reply()
+    assert reply.acquired and reply.holder == "j1"
+    assert store.run(Acquire("lost", "j2", 60_000, 60_000)).holder == "j1"
+    store.close()
+    admin.close()

@@ -5,9 +5,11 @@ answer before the message leaves, but not before Celery builds it. The publisher
 acquire to Redis first, lets Celery build and serialize the message while Redis answers, and
 reads the reply just before the publish: the wait on the wire overlaps work that was due anyway.
 
-The call holds one pooled connection between the write and the read. A write that fails, or a
-script the server has not loaded, is answered by running the call again the usual way (with
-redis-py's retries), as redis-py itself would have; a read that fails closes the connection.
+The call holds one pooled connection between the write and the read. A write or a read that
+fails, or a script the server has not loaded, is answered by running the call again the usual
+way (with redis-py's retries), as redis-py's own retries would have. ``RedisStore.run`` goes
+this way too, writing and reading at once: redis-py's per-command wrappers cost a worker a few
+percent per job.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ class SentCall:
         except redis.exceptions.ResponseError:
             self._pool.release(connection)
             raise
+        except _NOT_SENT:  # as redis-py's retries would: the call again, on a new connection
+            connection.disconnect()
+            self._pool.release(connection)
+            return self._again()
         except BaseException:
             connection.disconnect()  # a reply may still be on its way: never reuse it
             self._pool.release(connection)

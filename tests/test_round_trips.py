@@ -177,3 +177,57 @@ def test_round_trips_per_claim_and_finish(app: Celery, layout: str) -> None:
     _, end = seen["second"]
     between = [scripts for thread, scripts in SCRIPTS[start:end] if thread == worker]
     assert between == [("finish",), ("claim",)], f"{layout}: {between}"
+
+
+def test_a_jobs_end_does_not_wait_for_its_finish_reply(
+    redis_url: str, private_redis_url: str, key_prefix: str
+) -> None:
+    """The finish is written when the job ends and its reply read when the next job starts
+    (or by a thread soon after): the store applies it at once, so the key is freed all the
+    same, but the worker does not wait a round trip for an answer that only feeds the notes.
+    Shown with the store's writes paused: the worker goes on to its next job meanwhile."""
+    admin = redis.Redis.from_url(private_redis_url)
+    app = Celery(key_prefix, broker=redis_url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"{key_prefix}-q",
+        task_ignore_result=True,
+        worker_hijack_root_logger=False,
+        broker_transport_options={"global_keyprefix": f"{key_prefix}:"},
+    )
+    store = RedisStore.from_url(private_redis_url, key_prefix=key_prefix)
+    install(app, store=store)
+    ran: list[str] = []
+    pause = threading.Event()
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def build(sha: str) -> None:
+        ran.append(sha)
+        pause.wait(10)  # the test pauses the store's writes before this job ends
+
+    @app.task(shared=False)
+    def notify(what: str) -> None:  # not deduplicated: no store call of its own
+        ran.append(what)
+
+    dedup = app_dedup(app)
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+            first = build.delay("abc")
+            wait_for(lambda: "abc" in ran, what="the job to run")
+            notify.delay("next")
+            admin.client_pause(4000, all=False)  # the finish waits in the store, unanswered
+            try:
+                pause.set()
+                wait_for(lambda: "next" in ran, timeout=3, what="the next job, store paused")
+                assert dedup.stats["finish.released"] == 0  # its reply is not read yet
+            finally:
+                admin.client_unpause()
+            wait_for(lambda: dedup.stats["finish.released"] == 1, what="the finish's reply")
+        again = build.delay("abc")
+        assert not again.deduplicated and again.id != first.id  # the key was freed
+    finally:
+        store.close()
+        admin.close()
+        client = redis.Redis.from_url(redis_url)
+        for name in client.scan_iter(match=f"{key_prefix}:*"):
+            client.unlink(name)

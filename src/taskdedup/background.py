@@ -7,6 +7,7 @@
   in one call for everything published since the last flush, and flushes at exit.
 - :class:`Releaser` sends again the releases the store could not take (a revoked job's lock,
   a failed publish's), until it answers (G13).
+- :class:`LateReplies` reads the replies of calls written without waiting (a worker's finish).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, Literal, Protocol
 
+from .errors import StoreUnavailable
 from .settings import Settings
-from .stores.base import Confirm, Lease, Release, Store
+from .stores.base import Confirm, Lease, Release, Sent, Store
 
 
 class StoreUser(Protocol):
@@ -412,3 +414,58 @@ class Releaser:
             with self._mutex:
                 if not self._pending:
                     self._wake.clear()
+
+
+class LateReplies:
+    """The replies of store calls written without waiting for them: a worker's finish, whose
+    effect (the key freed) is the store's at once and whose reply only feeds the notes, so the
+    job's end need not wait a round trip. The worker reads them when its next job starts; a
+    daemon thread reads what is left after ``interval`` seconds (an idle worker), so a
+    connection is never held for long and every reply is counted."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self._unread: list[tuple[Sent[Any], Any]] = []  # the call, and the Step that reads it
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        _fresh_after_fork(self)
+
+    def _reset(self) -> None:
+        self._unread, self._mutex, self._wake = [], threading.Lock(), threading.Event()
+        self._thread, self._pid = None, 0
+
+    def add(self, sent: Sent[Any], step: Any) -> None:
+        """Read ``sent``'s reply later with ``step`` (its ``done``, or ``failed``)."""
+        with self._mutex:
+            self._unread.append((sent, step))
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._loop, name="taskdedup-replies", daemon=True
+                )
+                self._thread.start()
+                atexit.register(self.read)
+        self._wake.set()  # cheap while the thread sleeps its interval (no one waits on it)
+
+    def read(self) -> None:
+        """Read every reply still unread, in the order the calls were written."""
+        if not self._unread:  # (read without the lock: the common case, and the thread's)
+            return
+        with self._mutex:
+            batch, self._unread = self._unread, []
+        for sent, step in batch:
+            try:
+                step.done(sent.reply())
+            except StoreUnavailable as exc:
+                step.failed(exc)
+            except Exception:  # a reply that cannot be read must not stop the others
+                log.exception("taskdedup: could not read a store reply")
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(self.interval)  # the worker's next job usually reads them first
+            self._wake.clear()
+            self.read()

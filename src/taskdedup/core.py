@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .background import Confirmer, Releaser
+from .background import Confirmer, LateReplies, Releaser
 from .decide import (
     Admission,
     Completion,
@@ -66,6 +66,7 @@ class Runner:
         self._stats_lock = threading.Lock()
         self.confirmer = Confirmer(self)
         self.releaser = Releaser(self)
+        self.late = LateReplies()
 
     def run(self, step: Step[T]) -> T:
         """Execute a planned Step against the store (``plan_enqueue`` and friends)."""
@@ -83,12 +84,17 @@ class Runner:
     async def asettle(self, plan: T | Step[T]) -> T:
         return await self._arun(plan) if isinstance(plan, Step) else plan
 
-    def drive(self, flow: Flow[T], act: Callable[[Any], Any] | None = None) -> T:
+    def drive(
+        self, flow: Flow[T], act: Callable[[Any], Any] | None = None, *, late: bool = False
+    ) -> T:
         """Run a flow (:mod:`taskdedup.flow`) against the store: the Steps it yields run here,
-        any other request (a framework's part) by ``act``."""
+        any other request (a framework's part) by ``act``. ``late``: a Step whose reply only
+        feeds the notes is written and answered at once, its reply read later (``late``)."""
 
         def answer(request: Any) -> Any:
             if isinstance(request, Step):
+                if late and request.answer_now is not None:
+                    return self._run_late(request)
                 return self._run(request)
             if act is None:
                 raise TypeError(f"nothing here answers {request!r}")
@@ -115,6 +121,20 @@ class Runner:
 
     async def aresume(self, step: Step[T]) -> T:
         return await self._arun(step, step.again)
+
+    def _run_late(self, step: Step[T]) -> T:
+        """Write ``step``'s operation and answer at once; :attr:`late` reads the reply."""
+        assert step.answer_now is not None
+        try:
+            sent = self.store.send(step.op)
+            if sent is not None and sent.written:
+                self.late.add(sent, step)
+                return step.answer_now()
+            if sent is not None:  # it could not be written: run it now, the usual way
+                return step.done(sent.reply())
+        except StoreUnavailable as exc:
+            return step.failed(exc)
+        return self._run(step)
 
     def _run(self, step: Step[T], first: Op[Any] | None = None) -> T:
         op, deadline = first or step.op, time.monotonic() + HOLDER_WAIT
@@ -174,8 +194,9 @@ class Runner:
             raise exc
 
     def close(self) -> None:
-        """Flush pending confirmations and stop background work."""
+        """Flush pending confirmations, read late replies and stop background work."""
         self.confirmer.stop()
+        self.late.read()
 
 
 class Deduplicator(Runner):

@@ -22,9 +22,8 @@ from ..errors import DuplicateJob, StoreUnavailable
 from ..policy import TaskPolicy
 from ..recent import RecentKeys
 from ..reservations import ReservePolicy
-from ..stores.base import Acquire
+from ..stores.base import Acquire, Sent
 from ..stores.redis import RedisStore
-from ..stores.redis_sent import SentCall
 from ..submission import Call, held_lately, keep_for_retry, lately_key, published
 from .canvas import MIN_PATIENCE, continues, publish_follower, register, results_kept
 from .guarded import publish_guarded
@@ -162,7 +161,7 @@ class Publisher:
             if integ.fused_publish:
                 return self._publish_pending(plan, job_id, name, args, kwargs, options)
             if integ.sends_early:
-                sent = cast(RedisStore, dedup.store).send(plan.op)
+                sent = dedup.store.send(plan.op)
                 if sent is not None:
                     return self._publish_pending(plan, job_id, name, args, kwargs, options, sent)
         ticket = dedup.settle(plan)
@@ -279,7 +278,7 @@ class Publisher:
         args: Any,
         kwargs: Any,
         options: dict[str, Any],
-        sent: SentCall | None = None,
+        sent: Sent[Any] | None = None,
     ) -> Any:
         """Publish with the lock taken where kombu pushes the message, or with the reply of
         the acquire ``sent`` early read just before the publish (see redis_push)."""

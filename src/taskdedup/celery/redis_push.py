@@ -32,9 +32,8 @@ from kombu.utils.json import dumps
 
 from ..decide import Step, Ticket
 from ..errors import StoreUnavailable
-from ..stores.base import Acquire, AcquireReply
+from ..stores.base import Acquire, AcquireReply, Sent
 from ..stores.redis import RedisStore
-from ..stores.redis_sent import SentCall
 
 
 class NotPublished(Exception):
@@ -61,7 +60,7 @@ class PendingEnqueue:
     ticket: Ticket | None = None  # set when the store was down (decided by on_store_error)
     fused: bool = False  # lock and message went out in one script
     batched: bool = False  # the message sits in a kombu publish batch that may be discarded
-    sent: SentCall | None = None  # the acquire, written before Celery built the message
+    sent: Sent[Any] | None = None  # the acquire, written before Celery built the message
 
     @property
     def op(self) -> Acquire:

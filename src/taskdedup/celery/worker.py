@@ -70,6 +70,7 @@ class Worker:
         request = task.request
         if request.id is None or request.called_directly:
             return original(*args, **kwargs)
+        self.integ.dedup.late.read()  # the last job's finish: its reply is here by now
         d = self._delivery(task, args, kwargs)
         integ = self.integ
         started = None
@@ -126,11 +127,11 @@ class Worker:
             waits=Waits.read(lambda name: header(request, name)),
         )
 
-    def _drive(self, task: Any, flow: Flow[T]) -> T:
+    def _drive(self, task: Any, flow: Flow[T], late: bool = False) -> T:
         def hand_off(owed: delivery.HandOff) -> None:
             self._publish_handoff(task, owed.key, owed.handoff)
 
-        return self.integ.dedup.drive(flow, hand_off)
+        return self.integ.dedup.drive(flow, hand_off, late=late)
 
     def _claim(self, task: Any, d: delivery.Delivery, slot: Lease | None) -> Admission | None:
         """Claim the job, or raise Ignore when this delivery must not run now: it is dropped
@@ -212,8 +213,9 @@ class Worker:
         self, task: Any, d: delivery.Delivery, admission: Admission | None, slot: Lease | None
     ) -> None:
         """The job ended for good: free its slot, then release, keep or hand on its lock."""
-        integ = self.integ
-        self._drive(task, delivery.end(integ.dedup, integ.reservations, d, admission, slot))
+        integ = self.integ  # (a finish's reply is read when the next job starts: late)
+        flow = delivery.end(integ.dedup, integ.reservations, d, admission, slot)
+        self._drive(task, flow, late=True)
 
     def _publish_handoff(self, task: Any, key: str | None, handoff: Any) -> None:
         """Publish the one rescheduled run (reschedule_once) under the id the lock holds. A

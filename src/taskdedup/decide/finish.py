@@ -96,7 +96,10 @@ def plan_finish(
         note("finish", "store_unavailable", logging.WARNING, tp.task, error=exc)
         return Completion(False)
 
-    return Step(op, done, failed)
+    def answer_now() -> Completion:  # nothing to hand on: the caller need not wait
+        return Completion(True)
+
+    return Step(op, done, failed, answer_now=None if reschedule else answer_now)
 
 
 def plan_release(

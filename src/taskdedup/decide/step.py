@@ -37,13 +37,18 @@ class Step(Generic[T]):
     ``waits``: for a reply that is not an answer yet (the key's holder is still being
     published, and may yet fail), the seconds to wait before asking again with ``again``;
     None for a final reply. The runners ask for a while at most, then take the last reply
-    as it is."""
+    as it is.
+
+    ``answer_now``: for a decision whose reply only feeds the notes (a finish that cannot
+    hand a run on), the answer to act on at once: a runner may then write ``op`` now and read
+    its reply later, so the caller does not wait a round trip for it."""
 
     op: Op[Any]
     done: Callable[[Any], T]
     failed: Callable[[StoreUnavailable], T]
     waits: Callable[[Any], float | None] | None = None
     again: Op[Any] | None = None
+    answer_now: Callable[[], T] | None = None
 
 
 def active(settings: Settings, task: str) -> bool:

@@ -28,9 +28,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 LockMode = Literal["release", "hold", "none"]
 ClaimOutcome = Literal["run", "running", "done", "busy", "exhausted"]
@@ -324,6 +325,17 @@ class ForceUnlock(Op[bool]):
 # ---------------------------------------------------------------- the protocol
 
 
+class Sent(Protocol[R_co]):
+    """An operation written to the store whose reply is read later (:meth:`Store.send`)."""
+
+    @property
+    def written(self) -> bool:
+        """Whether the operation is on its way (else it runs when the reply is asked for)."""
+
+    def reply(self) -> R_co:
+        """The operation's reply (read once); raises StoreUnavailable as ``run`` does."""
+
+
 class Store(abc.ABC):
     """Executes operations atomically. Subclasses implement both entry points."""
 
@@ -336,6 +348,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def arun(self, op: Op[R]) -> R:
         """The asyncio twin of :meth:`run`."""
+
+    def send(self, op: Op[R]) -> Sent[R] | None:
+        """Write ``op`` now, to read its reply later; None where this store cannot (the caller
+        then runs it). Only a store on the far side of a socket gains anything by it."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the default has none."""

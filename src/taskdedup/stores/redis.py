@@ -34,11 +34,12 @@ from .base import (
     Op,
     R,
     Scan,
+    Sent,
     Store,
 )
 from .redis_calls import SHAS, SOURCES, ScriptCall, ScriptCalls, as_text, parse_acquire
 from .redis_clients import RedisClients, check_options
-from .redis_sent import SentCall, send
+from .redis_sent import send
 
 if sys.version_info >= (3, 11, 3):  # the same cut-over redis-py makes (earlier 3.11s had bugs)
     from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
@@ -195,7 +196,7 @@ class RedisStore(Store):
         if builder is not None:
             sent = self.send(op)  # redis-py's connection, without its per-command wrappers
             if sent is not None:
-                return cast(R, sent.reply())
+                return sent.reply()
             call = builder(op)
             with _answering(call.keys):
                 raw = self._eval(call.script, call.keys, call.args)
@@ -203,7 +204,7 @@ class RedisStore(Store):
         with _answering():
             return cast(R, self._run_special(op))
 
-    def send(self, op: Op[Any]) -> SentCall | None:
+    def send(self, op: Op[R]) -> Sent[R] | None:
         """Write ``op`` now and read its reply later with ``.reply()`` (see redis_sent), so
         the caller's own work overlaps the round trip; None when ``op`` cannot go that way."""
         builder = self.calls.single.get(type(op))

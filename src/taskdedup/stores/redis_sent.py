@@ -47,6 +47,11 @@ class SentCall:
         self._again, self._answering = again, answering
         self._error = error  # no connection could be had: that is the reply
 
+    @property
+    def written(self) -> bool:
+        """Whether the call went out (else it runs, the usual way, when its reply is read)."""
+        return self._connection is not None
+
     def reply(self) -> Any:
         """The call's parsed reply; a Redis that cannot answer raises StoreUnavailable."""
         with self._answering(self._call.keys):

@@ -68,6 +68,7 @@ def plan_claim(
         grace_ms=min(ms(settings.grace), ms(p.ttl_seconds)),
         nonce=nonce,
         lost_claims=tuple(lost_claims),
+        task=tp.task,
     )
 
     def done(reply: ClaimReply) -> Admission:

@@ -53,7 +53,7 @@ def plan_enqueue(
     limit = settings.reschedule_payload_limit
     if payload is not None and limit and len(payload.encode()) > limit:
         raise PayloadTooLarge(task, len(payload.encode()), limit)
-    op = Acquire(key, job_id, ttl, grace, record_duplicate=not dry, payload=payload)
+    op = Acquire(key, job_id, ttl, grace, record_duplicate=not dry, payload=payload, task=task)
 
     def done(reply: AcquireReply) -> Ticket:
         if reply.acquired:

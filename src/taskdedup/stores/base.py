@@ -111,6 +111,10 @@ class LockInfo:
     ttl_ms: int
     confirmed: bool
     running_job: str | None  # holder of the run lock, if any
+    task: str | None = None  # the task whose job took the key
+    since_ms: int | None = None  # when it was taken (the store's clock, ms since the epoch)
+    worker: str | None = None  # the holder's worker (host:pid), once it started
+    attempts: int = 0  # runs of the holder started so far
 
 
 # ---------------------------------------------------------------- operations
@@ -130,6 +134,7 @@ class Acquire(Op[AcquireReply]):
     grace_ms: int  # expiry until confirmed (G11); equal to ttl_ms to skip confirmation
     record_duplicate: bool = True
     payload: str | None = None
+    task: str = ""  # kept in the lock for the tools (``taskdedup locks``)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -162,6 +167,7 @@ class Claim(Op[ClaimReply]):
     #: next delivery names it in ``lost_claims`` and is not taken for a copy of a running job
     nonce: str = ""
     lost_claims: tuple[str, ...] = ()  # claims of this job whose replies never arrived
+    task: str = ""  # kept in a lock the claim takes, for the tools
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -123,7 +123,7 @@ class ScriptCalls:
         return ScriptCall(
             "acquire",
             self.names(op.key, "lock", "fence"),
-            [op.job_id, op.ttl_ms, op.grace_ms, 1 if op.record_duplicate else 0]
+            [op.job_id, op.ttl_ms, op.grace_ms, 1 if op.record_duplicate else 0, op.task]
             + ([] if op.payload is None else [op.payload]),
             parse_acquire,
         )
@@ -151,6 +151,7 @@ class ScriptCalls:
                 op.grace_ms,
                 op.nonce,
                 ",".join(op.lost_claims),
+                op.task,
             ],
             parse_claim,
         )
@@ -311,12 +312,18 @@ def parse_finish(r: Sequence[Any]) -> FinishReply:
 
 
 def parse_info(key: str, r: Sequence[Any]) -> LockInfo | None:
-    job, state, fence, dups, confirmed, pttl, run_job, run_pttl = r
+    job, state, fence, dups, confirmed, pttl, run_job, run_pttl, task, since, worker, tries = r
     run_holder = as_text(run_job) if run_job else None
+    shown = (  # task, since_ms, worker, attempts: what the tools show
+        as_text(task) if task else None,
+        int(since) if since else None,
+        as_text(worker) if worker else None,
+        int(tries) if tries else 0,
+    )
     if not job:
         if run_holder is None:
             return None
-        return LockInfo(key, run_holder, "running", 0, 0, int(run_pttl), True, run_holder)
+        return LockInfo(key, run_holder, "running", 0, 0, int(run_pttl), True, run_holder, *shown)
     return LockInfo(
         key,
         as_text(job),
@@ -326,4 +333,5 @@ def parse_info(key: str, r: Sequence[Any]) -> LockInfo | None:
         int(pttl),
         as_text(confirmed) == "1",
         run_holder,
+        *shown,
     )

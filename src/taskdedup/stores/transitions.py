@@ -45,11 +45,8 @@ def next_fence(r: Records, key: str, ttl_ms: int) -> int:
 def hand_off(r: Records, key: str, lock: dict[str, Any], job: str, ttl: int, grace: int) -> Handoff:
     payload = lock.get("p")
     fence = next_fence(r, key, ttl)
-    r.put(
-        r.name(key, "lock"),
-        {"j": job, "s": "q", "f": fence, "d": 0, "e": r.now + ttl, "c": int(grace >= ttl)},
-        r.now + grace,
-    )
+    fields = {"j": job, "s": "q", "f": fence, "d": 0, "e": r.now + ttl, "c": int(grace >= ttl)}
+    r.put(r.name(key, "lock"), {**fields, "t": lock.get("t", ""), "a": r.now}, r.now + grace)
     return Handoff(job, payload)
 
 
@@ -68,11 +65,9 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
         )
     fence = next_fence(r, op.key, op.ttl_ms)
     confirmed = 1 if op.grace_ms >= op.ttl_ms else 0
-    r.put(
-        name,
-        {"j": op.job_id, "s": "q", "f": fence, "d": 0, "e": r.now + op.ttl_ms, "c": confirmed},
-        r.now + min(op.grace_ms, op.ttl_ms),
-    )
+    fields = {"j": op.job_id, "s": "q", "f": fence, "d": 0, "e": r.now + op.ttl_ms}
+    fields.update(c=confirmed, t=op.task, a=r.now)  # 't', 'a': for the tools
+    r.put(name, fields, r.now + min(op.grace_ms, op.ttl_ms))
     return AcquireReply(True, op.job_id, fence, 0)
 
 
@@ -146,15 +141,13 @@ def claim(op: Claim, r: Records) -> ClaimReply:
                 r.delete(lock_name)
     elif lock is None and op.lock == "hold":
         fence = next_fence(r, op.key, op.ttl_ms)
-        r.put(
-            lock_name,
-            {"j": op.job_id, "s": "r", "f": fence, "d": 0, "e": r.now + op.ttl_ms, "c": 1},
-            r.now + op.lease_ms,
-        )
+        fields = {"j": op.job_id, "s": "r", "f": fence, "d": 0, "e": r.now + op.ttl_ms, "c": 1}
+        r.put(lock_name, {**fields, "t": op.task, "a": r.now}, r.now + op.lease_ms)
     if fence is None or op.run_lock:  # a run lock's token orders the runs (G3)
         fence = next_fence(r, op.key, op.ttl_ms)
     if op.run_lock:
-        r.put(run_name, {"j": op.job_id, "o": op.owner}, r.now + op.lease_ms)
+        run = {"j": op.job_id, "o": op.owner, "t": op.task, "a": r.now}
+        r.put(run_name, run, r.now + op.lease_ms)
     r.put(
         job_name,
         {
@@ -314,12 +307,24 @@ def info(r: Records, key: str) -> LockInfo | None:
     if lock is None and running is None:
         return None
     run_job = running["j"] if running else None
+    holder = (lock or running or {})["j"]  # (its job record: worker and attempts)
+    rec = r.get(r.name(key, "job:" + holder)) or {}
+    taken = lock or running or {}
+    shown = (taken.get("t") or None, taken.get("a"), rec.get("o") or None, rec.get("a", 0))
     if lock is None:
         ttl = r.ttl(r.name(key, "run"))
-        return LockInfo(key, run_job or "", "running", 0, 0, ttl, True, run_job)
+        return LockInfo(key, run_job or "", "running", 0, 0, ttl, True, run_job, *shown)
     ttl = r.ttl(r.name(key, "lock"))
     return LockInfo(
-        key, lock["j"], _STATES[lock["s"]], lock["f"], lock["d"], ttl, bool(lock["c"]), run_job
+        key,
+        lock["j"],
+        _STATES[lock["s"]],
+        lock["f"],
+        lock["d"],
+        ttl,
+        bool(lock["c"]),
+        run_job,
+        *shown,
     )
 
 

@@ -98,6 +98,26 @@ def test_hold_while_running_then_release_on_finish(h: Harness) -> None:
     assert h.store.run(acquire(k, "C")).acquired
 
 
+def test_a_lock_names_its_task_since_when_its_worker_and_attempts(h: Harness) -> None:
+    """What the tools show of a lock (``taskdedup locks``): the task whose job took it and
+    since when; once the job runs, its worker and attempts; a run lock names them too."""
+    k = new_key()
+    h.store.run(acquire(k, "A", task="ci.build"))
+    queued = h.store.run(Inspect(k))
+    assert queued is not None and queued.task == "ci.build" and queued.since_ms
+    assert queued.worker is None and queued.attempts == 0
+    h.store.run(claim(k, "A", "hold", owner="host:42", task="ci.build"))
+    running = h.store.run(Inspect(k))
+    assert running is not None and running.state == "running"
+    assert running.task == "ci.build" and running.since_ms == queued.since_ms
+    assert running.worker == "host:42" and running.attempts == 1
+    r = new_key()
+    h.store.run(claim(r, "R", "none", run_lock=True, owner="host:7", task="ci.deploy"))
+    only_run = h.store.run(Inspect(r))
+    assert only_run is not None and only_run.running_job == "R"
+    assert only_run.task == "ci.deploy" and only_run.worker == "host:7" and only_run.since_ms
+
+
 def test_until_executing_releases_at_start(h: Harness) -> None:
     k = new_key()
     h.store.run(acquire(k, "A"))

@@ -1,6 +1,6 @@
 -- (none) -> QUEUED(job); QUEUED -> QUEUED with dups+1 and the latest payload kept.
 -- The holder acquiring again (a hand-off being published) changes nothing.
--- KEYS: lock, fence [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0)
+-- KEYS: lock, fence [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), task
 --   [, payload (reschedule_once: the latest duplicate's arguments)] [, message (with a list)]
 -- With a list (the broker's queue, on this same server) the job's message is pushed there when
 -- the lock is ours, in the same atomic step: lock and message appear together or not at all.
@@ -11,8 +11,8 @@
 local n = #ARGV
 local message
 if KEYS[3] then message = ARGV[n]; n = n - 1 end
-local payload = ARGV[5]
-if n < 5 then payload = nil end
+local payload = ARGV[6]
+if n < 6 then payload = nil end
 local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'c', 'e')
 if lock[1] == ARGV[1] then
   -- The holder publishing again: a hand-off's first publish, or a deferred copy of a running
@@ -49,8 +49,9 @@ local ttl, grace = tonumber(ARGV[2]), tonumber(ARGV[3])
 local fence = int(next_fence(KEYS[2], ttl))
 local confirmed = '0'
 if grace >= ttl or KEYS[3] then confirmed = '1'; grace = ttl end
+local now = now_ms()  -- 't' and 'a': the task and since when, for the tools
 redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0',
-  'e', int(now_ms() + ttl), 'c', confirmed)
+  'e', int(now + ttl), 'c', confirmed, 't', ARGV[5], 'a', int(now))
 if KEYS[3] then redis.call('HSET', KEYS[1], 'm', '1') end
 redis.call('PEXPIRE', KEYS[1], grace)
 return '1 ' .. fence .. ' 0 ' .. ARGV[1]

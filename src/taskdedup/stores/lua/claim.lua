@@ -4,7 +4,7 @@
 -- ARGV: job, owner, lease_ms, ttl_ms, lock mode (release|hold|none), run_lock (1/0),
 --       memory_ms, attempt ('' = unknown), max_attempts (0 = none), handoff job ('' = none),
 --       grace_ms, nonce (this claim's id), lost claims (comma-separated nonces of this job's
---       claims whose replies never arrived: a record they wrote is no run of the job)
+--       claims whose replies never arrived: a record they wrote is no run of the job), task
 local job, owner = ARGV[1], ARGV[2]
 local lease, ttl, memory = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local now = now_ms()
@@ -82,13 +82,13 @@ if lock[1] == job then
 elseif not lock[1] and ARGV[5] == 'hold' then
   fence = int(next_fence(KEYS[4], ttl))
   redis.call('HSET', KEYS[1], 'j', job, 's', 'r', 'f', fence, 'd', '0',
-    'e', int(now + ttl), 'c', '1')
+    'e', int(now + ttl), 'c', '1', 't', ARGV[14] or '', 'a', int(now))
   redis.call('PEXPIRE', KEYS[1], lease)
 end
 -- a run lock is an acquisition of its own: its token orders the runs, not the enqueues (G3)
 if not fence or ARGV[6] == '1' then fence = int(next_fence(KEYS[4], ttl)) end
 if ARGV[6] == '1' then
-  redis.call('HSET', KEYS[2], 'j', job, 'o', owner)
+  redis.call('HSET', KEYS[2], 'j', job, 'o', owner, 't', ARGV[14] or '', 'a', int(now))
   redis.call('PEXPIRE', KEYS[2], lease)
 end
 redis.call('HSET', KEYS[3], 's', 'r', 'o', owner, 'u', int(now + lease), 'a', int(attempts),

@@ -31,13 +31,13 @@ end
 
 -- Hand the enqueue lock to a new job id (reschedule_once); returns the kept payload or false.
 local function hand_off(lock_key, fence_key, job, ttl_ms, grace_ms, now)
-  local payload = redis.call('HGET', lock_key, 'p')
+  local payload, task = unpack(redis.call('HMGET', lock_key, 'p', 't'))
   local fence = next_fence(fence_key, ttl_ms)
   redis.call('DEL', lock_key)
   local confirmed = '0'
   if grace_ms >= ttl_ms then confirmed = '1' end  -- no confirmation asked for
   redis.call('HSET', lock_key, 'j', job, 's', 'q', 'f', int(fence), 'd', '0',
-    'e', int(now + ttl_ms), 'c', confirmed)
+    'e', int(now + ttl_ms), 'c', confirmed, 't', task or '', 'a', int(now))
   redis.call('PEXPIRE', lock_key, grace_ms)
   return payload
 end

@@ -1,0 +1,94 @@
+"""What the CLI works on: a store, the settings, and the policies of the app's tasks.
+
+Found from a Celery app (``-A proj.celery_app``, as ``celery -A`` takes it), a taskiq broker
+(``--broker-module proj.tasks:broker``) or a bare store (``--url`` and ``--prefix``). An app or
+broker gives the policies too, which ``doctor`` and ``explain`` need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import click
+
+from ..policy import TaskPolicy
+from ..settings import Settings
+from ..stores.base import Store
+
+
+@dataclasses.dataclass
+class Target:
+    store: Store
+    settings: Settings
+    policies: dict[str, TaskPolicy]  # task name -> its bound policy
+    app: Any = None  # the Celery app, when the CLI was given one
+    broker: Any = None  # the taskiq broker, when given one
+
+
+def resolve(app: str | None, broker_module: str | None, url: str | None, prefix: str) -> Target:
+    """The target the options name; a click.UsageError naming what to pass when none does."""
+    if app is not None:
+        return _celery(app)
+    if broker_module is not None:
+        return _taskiq(broker_module)
+    if url is not None:
+        from ..stores.redis import RedisStore
+
+        return Target(RedisStore.from_url(url, key_prefix=prefix), Settings(), {})
+    raise click.UsageError(
+        "say where the locks are: -A proj.celery_app (a Celery app that calls "
+        "taskdedup.celery.install), --broker-module proj.tasks:broker (a taskiq broker with "
+        "DedupMiddleware), or --url redis://host:6379/0 [--prefix taskdedup]"
+    )
+
+
+def _celery(name: str) -> Target:
+    from celery.app.utils import find_app
+
+    from ..celery import integration_for
+    from ..celery.tasks import task_policy
+
+    try:
+        app = find_app(name)
+    except Exception as exc:
+        raise click.UsageError(f"-A {name}: could not load a Celery app ({exc})") from None
+    app.loader.import_default_modules()
+    app.finalize(auto=True)
+    integ = integration_for(app)
+    if integ is None:
+        raise click.UsageError(
+            f"-A {name}: taskdedup is not installed on this app; call "
+            "taskdedup.celery.install(app) where the app is made"
+        )
+    policies = {}
+    for task in app.tasks.values():
+        policy = task_policy(task, integ.settings)
+        if policy is not None:
+            policies[task.name] = policy
+    return Target(integ.dedup.store, integ.settings, policies, app=app)
+
+
+def _taskiq(spec: str) -> Target:
+    from ..taskiq import DedupMiddleware
+    from ..taskiq.options import declared
+
+    module_name, _, attr = spec.partition(":")
+    try:
+        broker = getattr(importlib.import_module(module_name), attr or "broker")
+    except Exception as exc:
+        raise click.UsageError(f"--broker-module {spec}: could not load it ({exc})") from None
+    found = [m for m in getattr(broker, "middlewares", []) if isinstance(m, DedupMiddleware)]
+    if not found:
+        raise click.UsageError(
+            f"--broker-module {spec}: this broker has no DedupMiddleware; add it with "
+            "broker.with_middlewares(DedupMiddleware(...))"
+        )
+    mw = found[0]
+    policies = {}
+    for task in broker.get_all_tasks().values():
+        policy = mw.policies.resolve(task, declared(task), ())
+        if policy is not None:
+            policies[task.task_name] = policy
+    return Target(mw.dedup.store, mw.settings, policies, broker=broker)

@@ -1,0 +1,169 @@
+"""The ``taskdedup`` command, run as users run it (the installed script, in a subprocess),
+against a real Redis holding locks that a real prefork worker took."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from harness import wait_for
+from taskdedup import Deduplicator, Policy, RedisStore
+from taskdedup.stores.base import Inspect
+from test_celery_prefork import start, worker_env  # noqa: F401  (fixtures)
+from worker_process import HERE, WorkerProcess
+
+SCRIPT = str(Path(sys.executable).parent / "taskdedup")
+
+
+def taskdedup(*args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``taskdedup`` script with ``env`` added (the test app's settings)."""
+    environ = dict(os.environ, **env)
+    environ["PYTHONPATH"] = os.pathsep.join([str(HERE), environ.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [SCRIPT, *args], input=stdin, capture_output=True, text=True, env=environ, cwd=HERE,
+        timeout=60,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def app_env(redis_url: str, key_prefix: str) -> dict[str, str]:
+    return {"TD_REDIS_URL": redis_url, "TD_PREFIX": key_prefix}
+
+
+def test_locks_shows_what_a_worker_holds_and_unlock_frees_it(
+    worker_env: Any,  # noqa: F811
+    start: Callable[..., WorkerProcess],  # noqa: F811
+    app_env: dict[str, str],
+    key_prefix: str,
+) -> None:
+    worker = start()
+    app = worker_env.app
+    first = worker_env.revoke_until_executed.delay("cli", 60)
+    wait_for(lambda: worker.mark("pid:cli"), 30, "the job to run on the worker")
+    again = worker_env.revoke_until_executed.delay("cli", 60)
+    assert again.deduplicated and again.id == first.id
+
+    listed = taskdedup("-A", "celery_worker_app", "locks", "--json", **app_env)
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    mine = [r for r in rows if r["job_id"] == first.id]
+    assert len(mine) == 1, rows
+    lock = mine[0]
+    assert lock["task"] == "sub.revoke_until_executed" and lock["strategy"] == "until_executed"
+    assert lock["state"] == "running" and lock["attempts"] == 1 and lock["duplicates"] == 1
+    pid = int(worker.mark("pid:cli") or 0)
+    assert lock["worker"].endswith(f":{pid}")  # the pool process that runs it
+    assert 0 <= lock["age_s"] < 60
+    table = taskdedup("-A", "celery_worker_app", "locks", "--task", lock["task"], **app_env)
+    assert first.id in table.stdout and "until_executed" in table.stdout, table.stdout
+
+    key = lock["key"]
+    store = RedisStore.from_url(app_env["TD_REDIS_URL"], key_prefix=key_prefix)
+    dry = taskdedup("-A", "celery_worker_app", "unlock", key, "--dry-run", **app_env)
+    assert dry.returncode == 0 and f"would free {key}" in dry.stdout
+    refused = taskdedup("-A", "celery_worker_app", "unlock", key, stdin="n\n", **app_env)
+    assert refused.returncode != 0 and "Aborted" in refused.stderr
+    assert store.run(Inspect(key)) is not None  # neither freed anything
+    freed = taskdedup("-A", "celery_worker_app", "unlock", key, "--yes", **app_env)
+    assert freed.returncode == 0 and f"freed {key}" in freed.stdout, freed.stderr
+    assert store.run(Inspect(key)) is None
+    fresh = worker_env.revoke_until_executed.delay("cli", 0)
+    assert not fresh.deduplicated  # the key is free: a new job takes it
+    gone = taskdedup("-A", "celery_worker_app", "show", "no-such-key", **app_env)
+    assert gone.returncode == 1 and "nothing holds" in gone.stderr
+    app.control.revoke(first.id, terminate=True)
+    store.close()
+
+
+def test_locks_and_stats_from_a_bare_url(redis_url: str, key_prefix: str) -> None:
+    def build(sha: str) -> None: ...
+
+    empty = taskdedup("--url", redis_url, "--prefix", key_prefix, "locks")
+    assert empty.returncode == 0 and "0 lock(s)" in empty.stdout, empty.stderr
+    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix))
+    policy = Policy("until_executed").bind("ci.build", build)
+    ticket = dedup.enqueue(policy, ("abc",), job_id="job-1")
+    dedup.published(ticket)
+    dedup.enqueue(policy, ("abc",), job_id="job-2")  # a duplicate
+    shown = taskdedup("--url", redis_url, "--prefix", key_prefix, "show", ticket.key or "")
+    assert shown.returncode == 0, shown.stderr
+    assert "ci.build" in shown.stdout and "job-1" in shown.stdout and "queued" in shown.stdout
+    counted = taskdedup("--url", redis_url, "--prefix", key_prefix, "stats")
+    assert counted.returncode == 0
+    assert any(line.split() == ["ci.build", "queued", "1"] for line in counted.stdout.splitlines())
+    dedup.close()
+
+
+def test_without_a_target_it_says_what_to_pass() -> None:
+    told = taskdedup("locks")
+    assert told.returncode == 2 and "-A proj.celery_app" in told.stderr
+
+
+@pytest.fixture
+def evicting(private_redis_url: str) -> Iterator[str]:
+    """A private Redis set up to evict keys when full (restored after)."""
+    admin = redis.Redis.from_url(private_redis_url)
+    before = admin.config_get("maxmemory*")
+    admin.config_set("maxmemory", "1gb")
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    yield private_redis_url
+    admin.config_set("maxmemory", before["maxmemory"])
+    admin.config_set("maxmemory-policy", before["maxmemory-policy"])
+    admin.close()
+
+
+def test_doctor_catches_a_short_visibility_timeout_and_an_eviction_policy(
+    app_env: dict[str, str], private_redis_url: str, evicting: str
+) -> None:
+    clean = taskdedup("-A", "celery_worker_app", "doctor", **app_env)
+    errors = [line for line in clean.stdout.splitlines() if line.startswith("error")]
+    assert clean.returncode in (0, 1) and errors == [], clean.stdout + clean.stderr
+    assert "acks_late is off" in clean.stdout  # a warning, exit 1
+
+    short = dict(app_env, TD_VISIBILITY_TIMEOUT="2")
+    found = taskdedup("-A", "celery_worker_app", "doctor", **short)
+    assert found.returncode == 2
+    assert "visibility_timeout (2.0s) is shorter" in found.stdout, found.stdout
+
+    evicts = dict(app_env, TD_STORE_URL=evicting)
+    found = taskdedup("-A", "celery_worker_app", "doctor", **evicts)
+    assert found.returncode == 2
+    assert "maxmemory-policy is allkeys-lru" in found.stdout, found.stdout
+
+    down = taskdedup("--url", "redis://127.0.0.1:1/0", "doctor")
+    assert down.returncode == 2 and "does not answer" in down.stdout
+
+
+def test_locks_of_a_taskiq_broker(app_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--broker-module``: the broker's DedupMiddleware gives the store and the policies."""
+    import asyncio
+
+    monkeypatch.syspath_prepend(str(HERE))
+    for name, value in app_env.items():
+        monkeypatch.setenv(name, value)
+    sys.modules.pop("taskiq_worker_app", None)
+    import taskiq_worker_app as tq
+
+    async def kick() -> str:
+        await tq.broker.startup()
+        try:
+            task = await tq.long_job.kiq("tq-cli", 0)  # queued: no worker reads this queue
+            return str(task.task_id)
+        finally:
+            await tq.broker.shutdown()
+
+    job_id = asyncio.run(kick())
+    listed = taskdedup("--broker-module", "taskiq_worker_app:broker", "locks", "--json", **app_env)
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [(r["task"], r["strategy"], r["state"]) for r in rows if r["job_id"] == job_id] == [
+        ("sub.long_job", "until_executed", "queued")
+    ]

@@ -66,6 +66,24 @@ def test_locks_shows_what_a_worker_holds_and_unlock_frees_it(
     assert first.id in table.stdout and "until_executed" in table.stdout, table.stdout
 
     key = lock["key"]
+    story = taskdedup(
+        "-A", "celery_worker_app", "explain", "sub.revoke_until_executed", "cli", "60", **app_env
+    )
+    assert story.returncode == 0, story.stderr
+    lines = story.stdout.splitlines()
+    assert lines[0] == f"key {key}: running, held by {first.id} on {lock['worker']} " + (
+        "(sub.revoke_until_executed)"
+    )
+    said = [line.split("  ", 2)[-1] for line in lines[1:]]  # newest first, without the time
+    assert said[0].startswith("deduplicated: ") and said[0].endswith(
+        f"was answered with {first.id}"
+    )
+    assert said[1:] == [
+        f"started: {first.id} runs on {lock['worker']} (attempt 1)",
+        f"accepted: {first.id} took the key (sub.revoke_until_executed)",
+    ]
+    by_job = taskdedup("-A", "celery_worker_app", "explain", first.id, **app_env)
+    assert by_job.stdout == story.stdout
     store = RedisStore.from_url(app_env["TD_REDIS_URL"], key_prefix=key_prefix)
     dry = taskdedup("-A", "celery_worker_app", "unlock", key, "--dry-run", **app_env)
     assert dry.returncode == 0 and f"would free {key}" in dry.stdout
@@ -75,6 +93,9 @@ def test_locks_shows_what_a_worker_holds_and_unlock_frees_it(
     freed = taskdedup("-A", "celery_worker_app", "unlock", key, "--yes", **app_env)
     assert freed.returncode == 0 and f"freed {key}" in freed.stdout, freed.stderr
     assert store.run(Inspect(key)) is None
+    after = taskdedup("-A", "celery_worker_app", "explain", key, **app_env)
+    assert f"key {key}: free\n" in after.stdout
+    assert f"unlocked by an operator (it was {first.id}'s)" in after.stdout
     fresh = worker_env.revoke_until_executed.delay("cli", 0)
     assert not fresh.deduplicated  # the key is free: a new job takes it
     gone = taskdedup("-A", "celery_worker_app", "show", "no-such-key", **app_env)
@@ -99,6 +120,15 @@ def test_locks_and_stats_from_a_bare_url(redis_url: str, key_prefix: str) -> Non
     counted = taskdedup("--url", redis_url, "--prefix", key_prefix, "stats")
     assert counted.returncode == 0
     assert any(line.split() == ["ci.build", "queued", "1"] for line in counted.stdout.splitlines())
+    brief = Policy("until_executed", ttl=1).bind("ci.brief", build)
+    short = dedup.enqueue(brief, ("x",), job_id="job-3")
+    dedup.published(short)
+    dedup.confirmer.flush()
+    store = dedup.store
+    wait_for(lambda: store.run(Inspect(short.key or "")) is None, 5, "the lock's ttl to end")
+    lapsed = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", short.key or "")
+    assert "free: its ttl or lease ran out after the last decision (expired)" in lapsed.stdout
+    assert "accepted: job-3 took the key (ci.brief)" in lapsed.stdout
     dedup.close()
 
 

@@ -287,7 +287,8 @@ class Deduplicator(Runner):
         """:meth:`publish_failed` without running it."""
         if not ticket.acquired or ticket.key is None:
             return False
-        return self._plan_release(Release(ticket.key, ticket.job_id), "(publish failed)")
+        op = Release(ticket.key, ticket.job_id, why="publish_failed")
+        return self._plan_release(op, "(publish failed)")
 
     # ------------------------------------------------------------------ claim
 
@@ -413,10 +414,10 @@ class Deduplicator(Runner):
         return await self._arun(self._plan_release(Release(key, job_id, queued_only), task))
 
     def plan_release(
-        self, key: str, job_id: str, *, task: str = "?", queued_only: bool = False
+        self, key: str, job_id: str, *, task: str = "?", queued_only: bool = False, why: str = ""
     ) -> Step[bool]:
-        """:meth:`release` without running it."""
-        return self._plan_release(Release(key, job_id, queued_only), task)
+        """:meth:`release` without running it (``why``: for the key's history)."""
+        return self._plan_release(Release(key, job_id, queued_only, why), task)
 
     def _plan_release(self, op: Release, task: str) -> Step[bool]:
         return plan_release(op, task, note=self.note, unreleased=self.releaser.add)

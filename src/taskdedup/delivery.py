@@ -202,5 +202,6 @@ def discard(
             yield from guard.give_back_flow(scope, job_id)
     if key is None or not release:
         return False
-    freed: bool = yield dedup.plan_release(key, job_id, task=task, queued_only=not killed)
+    why = "terminated" if killed else "discarded"  # (revoked or expired: the adapter logs it)
+    freed: bool = yield dedup.plan_release(key, job_id, task=task, queued_only=not killed, why=why)
     return freed

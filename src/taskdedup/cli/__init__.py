@@ -16,6 +16,7 @@ import click
 
 from ..stores.base import ForceUnlock, Inspect, ListScopes, ListSlots, LockInfo, Scan
 from .doctor import EXIT, run_checks
+from .explain import explain, find_key
 from .target import Target, resolve
 
 
@@ -79,6 +80,17 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
         return
     for name, value in record.items():
         click.echo(f"{name:>12}: {'-' if value is None else value}")
+
+
+@cli.command(name="explain")
+@click.argument("what", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def explain_command(ctx: click.Context, what: tuple[str, ...], as_json: bool) -> None:
+    """What was decided for a key and why, most recent first. WHAT is a key, a job id, or a
+    task and its arguments (``ci.build sha=abc`` or ``ci.build abc``)."""
+    t = target(ctx)
+    explain(t, find_key(t, what), as_json)
 
 
 @cli.command()

@@ -232,6 +232,7 @@ class Release(Op[bool]):
     key: str
     job_id: str
     queued_only: bool = False
+    why: str = ""  # what freed it, for the key's history: publish_failed, revoked, ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -319,6 +320,38 @@ class Scan(Op[list[LockInfo]]):
     """Every live lock (for the tools), at most ``limit``."""
 
     limit: int = 1000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    """One decision in a key's history (``taskdedup explain``): when (the store's clock, ms),
+    what (accepted, deduplicated, started, waited, copy_dropped, exhausted, retrying,
+    finished, freed, unlocked), the job it concerns, and what else it names."""
+
+    at_ms: int
+    what: str
+    job_id: str
+    detail: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, entry: str) -> Event:
+        at, what, job, *detail = [*entry.split(" "), ""][:3] + entry.split(" ")[3:]
+        return cls(int(at), what, job, tuple(d for d in detail if d))
+
+    def entry(self) -> str:
+        return " ".join([str(self.at_ms), self.what, self.job_id, *self.detail])
+
+
+#: How many decisions a key's history keeps, and for how long after the last one.
+HISTORY_SIZE = 20
+HISTORY_MS = 86_400_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class History(Op[list[Event]]):
+    """A key's recent decisions, newest first (at most HISTORY_SIZE, kept HISTORY_MS)."""
+
+    key: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import abc
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from . import slots, transitions
+from . import history, slots, transitions
 from .base import (
     Acquire,
     Claim,
@@ -21,6 +21,7 @@ from .base import (
     Finish,
     ForceUnlock,
     Heartbeat,
+    History,
     Inspect,
     JobState,
     ListScopes,
@@ -53,6 +54,7 @@ TRANSITIONS: dict[type[Any], Callable[[Any, Records], Any]] = {
     Inspect: transitions.inspect,
     Scan: transitions.scan,
     ForceUnlock: transitions.force_unlock,
+    History: history.history,
     Remember: slots.remember,
     Reserve: slots.reserve,
     Consume: slots.consume,

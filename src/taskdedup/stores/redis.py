@@ -27,7 +27,8 @@ from ..errors import ConfigError, CorruptRecord, StoreUnavailable
 from .base import (
     Acquire,
     AcquireReply,
-    ForceUnlock,
+    Event,
+    History,
     Inspect,
     ListScopes,
     LockInfo,
@@ -274,8 +275,9 @@ class RedisStore(Store):
             return _scan(self, op)
         if isinstance(op, ListScopes):
             return _list_scopes(self.client, self.prefix, op.limit)
-        if isinstance(op, ForceUnlock):
-            return bool(self.client.delete(*self.calls.names(op.key, "lock", "run")))
+        if isinstance(op, History):
+            entries = self.client.lrange(self.calls.names(op.key, "log")[0], 0, -1)
+            return [Event.parse(as_text(entry)) for entry in entries]
         calls, combine = self.calls.batch(op)
         results: list[Any] = [None] * len(calls)
         for client, indexes in self._by_node(calls):
@@ -315,7 +317,7 @@ class RedisStore(Store):
 
     async def _arun_special(self, op: Op[Any]) -> Any:
         cluster = isinstance(self.async_client, redis.asyncio.cluster.RedisCluster)
-        if isinstance(op, Scan | ForceUnlock | ListScopes) or cluster:
+        if isinstance(op, Scan | History | ListScopes) or cluster:
             return await asyncio.to_thread(self._run_special, op)
         calls, combine = self.calls.batch(op)
         if not calls:

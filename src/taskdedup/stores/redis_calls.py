@@ -22,6 +22,7 @@ from .base import (
     Consume,
     Finish,
     FinishReply,
+    ForceUnlock,
     Handoff,
     Heartbeat,
     Inspect,
@@ -60,6 +61,7 @@ SCRIPTS = (
     "renew_slot",
     "list_slots",
     "peek",
+    "force_unlock",
 )
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
 
@@ -113,6 +115,7 @@ class ScriptCalls:
             Consume: self.consume,
             Unreserve: self.unreserve,
             ListSlots: self.list_slots,
+            ForceUnlock: self.force_unlock,
         }
 
     def names(self, key: str, *parts: str) -> list[str]:
@@ -184,7 +187,7 @@ class ScriptCalls:
         return ScriptCall(
             "release",
             self.names(op.key, "lock", "run", "fence"),
-            [op.job_id, "1" if op.queued_only else "0"],
+            [op.job_id, "1" if op.queued_only else "0", op.why],
             lambda r: int(r) > 0,
         )
 
@@ -194,6 +197,11 @@ class ScriptCalls:
             self.names(op.key, "lock", "run"),
             [],
             lambda r: parse_info(op.key, r),
+        )
+
+    def force_unlock(self, op: ForceUnlock) -> ScriptCall:
+        return ScriptCall(
+            "force_unlock", self.names(op.key, "lock", "run"), [], lambda r: bool(int(r))
         )
 
     def job_state(self, op: JobState) -> ScriptCall:

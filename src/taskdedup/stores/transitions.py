@@ -27,6 +27,7 @@ from .base import (
     Retry,
     Scan,
 )
+from .history import remember_claim, remember_event
 from .records import Records
 from .slots import renew_slot
 
@@ -60,6 +61,7 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
             lock["d"] += 1
             if op.payload is not None:
                 lock["p"] = op.payload
+            remember_event(r, op.key, "deduplicated", op.job_id, lock["j"])
         return AcquireReply(
             False, lock["j"], lock["f"], lock["d"], pending=lock["s"] == "q" and lock["c"] == 0
         )
@@ -68,6 +70,7 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
     fields = {"j": op.job_id, "s": "q", "f": fence, "d": 0, "e": r.now + op.ttl_ms}
     fields.update(c=confirmed, t=op.task, a=r.now)  # 't', 'a': for the tools
     r.put(name, fields, r.now + min(op.grace_ms, op.ttl_ms))
+    remember_event(r, op.key, "accepted", op.job_id, op.task)
     return AcquireReply(True, op.job_id, fence, 0)
 
 
@@ -79,10 +82,15 @@ def peek(op: Peek, r: Records) -> AcquireReply | None:
         return AcquireReply(False, lock["j"], lock["f"], lock["d"], pending=True)
     if op.record_duplicate:
         lock["d"] += 1
+        remember_event(r, op.key, "deduplicated", "-", lock["j"])  # (no job id was made)
     return AcquireReply(False, lock["j"], lock["f"], lock["d"])
 
 
 def claim(op: Claim, r: Records) -> ClaimReply:
+    return remember_claim(r, op.key, op.job_id, _claim(op, r))
+
+
+def _claim(op: Claim, r: Records) -> ClaimReply:
     job_name = r.name(op.key, "job:" + op.job_id)
     rec = r.get(job_name)
     attempts = 1
@@ -212,6 +220,7 @@ def retry(op: Retry, r: Records) -> bool:
         return False
     lock.update(s="q", e=r.now + op.ttl_ms, c=0)
     r.expire(lock_name, r.now + grace)
+    remember_event(r, op.key, "retrying", op.job_id)
     return True
 
 
@@ -233,16 +242,19 @@ def finish(op: Finish, r: Records) -> FinishReply:
     lock_name = r.name(op.key, "lock")
     lock = r.get(lock_name)
     if lock is None or lock["j"] != op.job_id:
+        remember_event(r, op.key, "finished", op.job_id, "not_holder")
         return FinishReply(False)
     if lock["d"] > 0 and op.handoff_job_id:
-        return FinishReply(
-            True, hand_off(r, op.key, lock, op.handoff_job_id, op.ttl_ms, op.grace_ms)
-        )
+        handoff = hand_off(r, op.key, lock, op.handoff_job_id, op.ttl_ms, op.grace_ms)
+        remember_event(r, op.key, "finished", op.job_id, "rescheduled", op.handoff_job_id)
+        return FinishReply(True, handoff)
     if op.throttle and lock["e"] > r.now:
         lock["s"] = "t"
         r.expire(lock_name, lock["e"])
+        remember_event(r, op.key, "finished", op.job_id, "throttled")
     else:
         r.delete(lock_name)
+        remember_event(r, op.key, "finished", op.job_id, "released")
     return FinishReply(True)
 
 
@@ -262,6 +274,13 @@ def release_locks(r: Records, key: str, job_id: str) -> bool:
 
 
 def release(op: Release, r: Records) -> bool:
+    released = _release(op, r)
+    if released:
+        remember_event(r, op.key, "freed", op.job_id, op.why)
+    return released
+
+
+def _release(op: Release, r: Records) -> bool:
     if op.queued_only:
         name = r.name(op.key, "lock")
         lock = r.get(name)
@@ -345,10 +364,13 @@ def scan(op: Scan, r: Records) -> list[LockInfo]:
 
 
 def force_unlock(op: ForceUnlock, r: Records) -> bool:
-    removed = False
+    removed = []
     for part in ("lock", "run"):
         name = r.name(op.key, part)
-        if r.get(name) is not None:
+        rec = r.get(name)
+        if rec is not None:
             r.delete(name)
-            removed = True
-    return removed
+            removed.append(rec["j"])
+    if removed:
+        remember_event(r, op.key, "unlocked", removed[0], "operator")
+    return bool(removed)

@@ -25,6 +25,7 @@ import uuid
 
 from ..idempotency import record_key
 from ..stores.base import (
+    HISTORY_SIZE,
     Acquire,
     Claim,
     ClaimReply,
@@ -33,6 +34,7 @@ from ..stores.base import (
     Finish,
     ForceUnlock,
     Heartbeat,
+    History,
     Inspect,
     JobState,
     Lease,
@@ -116,6 +118,44 @@ def test_a_lock_names_its_task_since_when_its_worker_and_attempts(h: Harness) ->
     only_run = h.store.run(Inspect(r))
     assert only_run is not None and only_run.running_job == "R"
     assert only_run.task == "ci.deploy" and only_run.worker == "host:7" and only_run.since_ms
+
+
+def test_a_keys_history_says_what_was_decided_newest_first(h: Harness) -> None:
+    """``taskdedup explain``: each decision on a key, with the jobs it concerns; bounded."""
+    k = new_key()
+    h.store.run(acquire(k, "A", task="ci.build"))
+    h.store.run(acquire(k, "B"))
+    h.store.run(Peek(k, record_duplicate=True))  # asked first: no job id made for it
+    h.store.run(claim(k, "A", "hold", owner="host:1"))
+    h.store.run(claim(k, "C", "hold", owner="host:2"))  # a stale copy: the key is A's
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    h.store.run(claim(k, "A", "hold", owner="host:3"))  # a copy of the finished job
+    seen = [(e.what, e.job_id, e.detail) for e in h.store.run(History(k))]
+    assert seen == [
+        ("copy_dropped", "A", ()),
+        ("finished", "A", ("released",)),
+        ("waited", "C", ("A",)),
+        ("started", "A", ("host:1", "1")),
+        ("deduplicated", "-", ("A",)),
+        ("deduplicated", "B", ("A",)),
+        ("accepted", "A", ("ci.build",)),
+    ]
+    times = [e.at_ms for e in h.store.run(History(k))]
+    assert times == sorted(times, reverse=True) and times[-1] > 0
+    h.store.run(acquire(k, "D"))
+    h.store.run(Release(k, "D", why="publish_failed"))
+    h.store.run(acquire(k, "E"))
+    h.store.run(ForceUnlock(k))
+    latest = [(e.what, e.job_id, e.detail) for e in h.store.run(History(k))][:3]
+    assert latest == [
+        ("unlocked", "E", ("operator",)),
+        ("accepted", "E", ()),
+        ("freed", "D", ("publish_failed",)),
+    ]
+    for n in range(30):
+        h.store.run(acquire(k, f"dup-{n}"))
+    assert len(h.store.run(History(k))) == HISTORY_SIZE
+    assert h.store.run(History(new_key())) == []
 
 
 def test_until_executing_releases_at_start(h: Harness) -> None:

@@ -39,6 +39,7 @@ if lock[1] then
   if ARGV[4] == '1' then
     dups = redis.call('HINCRBY', KEYS[1], 'd', 1)
     if payload then redis.call('HSET', KEYS[1], 'p', payload) end
+    remember_event(KEYS[1], 'deduplicated', ARGV[1], lock[1])
   end
   local state = '0'
   if lock[4] == 'q' and lock[5] == '0' then state = 'p' end
@@ -53,5 +54,6 @@ local now = now_ms()  -- 't' and 'a': the task and since when, for the tools
 redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0',
   'e', int(now + ttl), 'c', confirmed, 't', ARGV[5], 'a', int(now))
 if KEYS[3] then redis.call('HSET', KEYS[1], 'm', '1') end
+remember_event(KEYS[1], 'accepted', ARGV[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[1], grace)
 return '1 ' .. fence .. ' 0 ' .. ARGV[1]

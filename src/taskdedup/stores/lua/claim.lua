@@ -5,6 +5,7 @@
 --       memory_ms, attempt ('' = unknown), max_attempts (0 = none), handoff job ('' = none),
 --       grace_ms, nonce (this claim's id), lost claims (comma-separated nonces of this job's
 --       claims whose replies never arrived: a record they wrote is no run of the job), task
+local function decide()
 local job, owner = ARGV[1], ARGV[2]
 local lease, ttl, memory = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local now = now_ms()
@@ -95,3 +96,15 @@ redis.call('HSET', KEYS[3], 's', 'r', 'o', owner, 'u', int(now + lease), 'a', in
   'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '')
 redis.call('PEXPIRE', KEYS[3], lease + memory)
 return {'run', fence, int(attempts), owner, handoff, payload}
+end
+local reply = decide()
+if reply[1] == 'run' then
+  remember_event(KEYS[1], 'started', ARGV[1], reply[4], reply[3])
+elseif reply[1] == 'done' then
+  remember_event(KEYS[1], 'copy_dropped', ARGV[1])
+elseif reply[1] == 'exhausted' then
+  remember_event(KEYS[1], 'exhausted', ARGV[1], reply[3])
+else  -- busy, or running elsewhere: the delivery waits and is sent again
+  remember_event(KEYS[1], 'waited', ARGV[1], reply[4])
+end
+return reply

@@ -16,16 +16,22 @@ end
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 release_if_holder(KEYS[2], job)
 local lock = redis.call('HMGET', KEYS[1], 'j', 'd', 'e')
-if lock[1] ~= job then return {'kept', '', false} end
+if lock[1] ~= job then
+  remember_event(KEYS[1], 'finished', job, 'not_holder')
+  return {'kept', '', false}
+end
 if tonumber(lock[2]) > 0 and ARGV[4] ~= '' then
   local payload = hand_off(KEYS[1], KEYS[4], ARGV[4], tonumber(ARGV[7]), tonumber(ARGV[6]), now)
+  remember_event(KEYS[1], 'finished', job, 'rescheduled', ARGV[4])
   return {'released', ARGV[4], payload}
 end
 local left = tonumber(lock[3]) - now
 if ARGV[2] == '1' and left > 0 then
   redis.call('HSET', KEYS[1], 's', 't')
   redis.call('PEXPIRE', KEYS[1], left)
+  remember_event(KEYS[1], 'finished', job, 'throttled')
 else
   redis.call('DEL', KEYS[1])
+  remember_event(KEYS[1], 'finished', job, 'released')
 end
 return {'released', '', false}

@@ -11,6 +11,15 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
+-- A key's decision history (``taskdedup explain``), newest first: "<ms> <event> <job> ...",
+-- at most 20 entries, kept a day after the last. It lives beside the lock, in its hash slot.
+local function remember_event(lock_key, ...)
+  local log_key = string.sub(lock_key, 1, #lock_key - 4) .. 'log'
+  redis.call('LPUSH', log_key, table.concat({int(now_ms()), ...}, ' '))
+  redis.call('LTRIM', log_key, 0, 19)
+  redis.call('PEXPIRE', log_key, 86400000)
+end
+
 -- The next fencing token of a key: a counter seeded from the server clock in microseconds,
 -- so tokens keep increasing even after the counter itself has expired.
 local function next_fence(fence_key, ttl_ms)

@@ -7,5 +7,8 @@ local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 'c', 's')
 if not lock[1] then return false end
 if lock[4] == '0' and lock[5] == 'q' then return 'p ' .. lock[2] .. ' ' .. lock[3] .. ' ' .. lock[1] end
 local dups = lock[3]
-if ARGV[1] == '1' then dups = redis.call('HINCRBY', KEYS[1], 'd', 1) end
+if ARGV[1] == '1' then
+  dups = redis.call('HINCRBY', KEYS[1], 'd', 1)
+  remember_event(KEYS[1], 'deduplicated', '-', lock[1])  -- (no job id was made for it)
+end
 return '0 ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]

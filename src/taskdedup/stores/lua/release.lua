@@ -1,13 +1,18 @@
 -- Owner-checked release of the enqueue lock and the run lock.
 -- KEYS: lock, run, fence   ARGV: job, queued_only (1: only an enqueue lock still QUEUED, no
--- run lock). A lock whose publish was never confirmed takes its fence counter with it: no run
+-- run lock), why (for the key's history: publish_failed, revoked, ...). A lock whose publish was never confirmed takes its fence counter with it: no run
 -- used its token, and a counter seeded again from the clock still rises (a failed publish
 -- leaves nothing behind).
-if ARGV[2] == '1' then
-  if redis.call('HGET', KEYS[1], 's') ~= 'q' then return 0 end
-  return release_if_holder(KEYS[1], ARGV[1])
+local function release()
+  if ARGV[2] == '1' then
+    if redis.call('HGET', KEYS[1], 's') ~= 'q' then return 0 end
+    return release_if_holder(KEYS[1], ARGV[1])
+  end
+  local unconfirmed = redis.call('HGET', KEYS[1], 'c') == '0'
+  local released = release_if_holder(KEYS[1], ARGV[1])
+  if released == 1 and unconfirmed and KEYS[3] then redis.call('DEL', KEYS[3]) end
+  return released + release_if_holder(KEYS[2], ARGV[1])
 end
-local unconfirmed = redis.call('HGET', KEYS[1], 'c') == '0'
-local released = release_if_holder(KEYS[1], ARGV[1])
-if released == 1 and unconfirmed and KEYS[3] then redis.call('DEL', KEYS[3]) end
-return released + release_if_holder(KEYS[2], ARGV[1])
+local released = release()
+if released > 0 then remember_event(KEYS[1], 'freed', ARGV[1], ARGV[3] or '') end
+return released

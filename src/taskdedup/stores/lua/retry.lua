@@ -19,4 +19,5 @@ release_if_holder(KEYS[2], job)
 if redis.call('HGET', KEYS[1], 'j') ~= job then return 0 end
 redis.call('HSET', KEYS[1], 's', 'q', 'e', int(now + ttl), 'c', '0')
 redis.call('PEXPIRE', KEYS[1], grace)
+remember_event(KEYS[1], 'retrying', job)
 return 1

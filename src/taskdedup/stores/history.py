@@ -1,0 +1,32 @@
+"""A key's decision history on the record seam (``taskdedup explain``), as lib.lua keeps it
+for Redis: newest first, at most HISTORY_SIZE entries, kept HISTORY_MS after the last."""
+
+from __future__ import annotations
+
+from .base import HISTORY_MS, HISTORY_SIZE, ClaimReply, Event, History
+from .records import Records
+
+
+def remember_event(r: Records, key: str, what: str, job_id: str, *detail: object) -> None:
+    name = r.name(key, "log")
+    entries = (r.get(name) or {"v": []})["v"]
+    entry = " ".join([str(r.now), what, job_id, *(str(d) for d in detail)])
+    r.put(name, {"v": [entry, *entries][:HISTORY_SIZE]}, r.now + HISTORY_MS)
+
+
+def remember_claim(r: Records, key: str, job_id: str, reply: ClaimReply) -> ClaimReply:
+    """The claim's answer in the key's history (as claim.lua records it)."""
+    if reply.outcome == "run":
+        remember_event(r, key, "started", job_id, reply.holder, reply.attempts)
+    elif reply.outcome == "done":
+        remember_event(r, key, "copy_dropped", job_id)
+    elif reply.outcome == "exhausted":
+        remember_event(r, key, "exhausted", job_id, reply.attempts)
+    else:  # busy, or running elsewhere: the delivery waits and is sent again
+        remember_event(r, key, "waited", job_id, reply.holder)
+    return reply
+
+
+def history(op: History, r: Records) -> list[Event]:
+    rec = r.get(r.name(op.key, "log"))
+    return [Event.parse(entry) for entry in (rec["v"] if rec else [])]

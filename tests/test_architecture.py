@@ -19,6 +19,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "taskdedup"
 #: other (without circles). A module not listed belongs to no layer and is checked for
 #: circles only.
 LAYERS: list[tuple[str, set[str]]] = [
+    ("tools", {"taskdedup.cli"}),
     ("adapters", {"taskdedup.celery", "taskdedup.taskiq"}),
     ("runner", {"taskdedup.core", "taskdedup.background", "taskdedup.idempotency",
                 "taskdedup.reservations", "taskdedup.recent", "taskdedup.flow",

@@ -14,6 +14,20 @@ def remember_event(r: Records, key: str, what: str, job_id: str, *detail: object
     r.put(name, {"v": [entry, *entries][:HISTORY_SIZE]}, r.now + HISTORY_MS)
 
 
+def forget_accepted(r: Records, key: str, job_id: str) -> bool:
+    """Drop the newest entry if it is ``job_id``'s acceptance (a publish that failed); True if
+    it was (the history goes with it when nothing else is left)."""
+    name = r.name(key, "log")
+    entries = (r.get(name) or {"v": []})["v"]
+    if not entries or f" accepted {job_id} " not in entries[0] + " ":
+        return False
+    if entries[1:]:
+        r.put(name, {"v": entries[1:]}, r.now + HISTORY_MS)
+    else:
+        r.delete(name)
+    return True
+
+
 def remember_claim(r: Records, key: str, job_id: str, reply: ClaimReply) -> ClaimReply:
     """The claim's answer in the key's history (as claim.lua records it)."""
     if reply.outcome == "run":

@@ -27,7 +27,7 @@ from .base import (
     Retry,
     Scan,
 )
-from .history import remember_claim, remember_event
+from .history import forget_accepted, remember_claim, remember_event
 from .records import Records
 from .slots import renew_slot
 
@@ -274,7 +274,12 @@ def release_locks(r: Records, key: str, job_id: str) -> bool:
 
 
 def release(op: Release, r: Records) -> bool:
+    lock = r.get(r.name(op.key, "lock"))
+    ours = lock is not None and lock["j"] == op.job_id and not op.queued_only
+    unpublished = ours and lock is not None and not lock["c"]
     released = _release(op, r)
+    if unpublished and forget_accepted(r, op.key, op.job_id):
+        return released  # its only trace: a failed publish leaves nothing behind
     if released:
         remember_event(r, op.key, "freed", op.job_id, op.why)
     return released

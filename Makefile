@@ -51,8 +51,10 @@ install-check: venv
 demo: venv
 	$(BIN)/python examples/quickstart.py
 
+# BENCH_ARGS="--quick" for a smoke run, "--only celery,drain" for some groups (see benchmarks/).
+BENCH_ARGS ?=
 bench: $(BENCH_STAMP)
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 # The soak of issue 11 (a few minutes): CHAOS_ARGS="--seconds 300" or "--short" to change it.
 CHAOS_ARGS ?=

@@ -1,26 +1,54 @@
-"""Run every benchmark in one process and print (and put in README.md) one table."""
+"""Run every benchmark in one process; print one table, write it to README.md and the figures to
+benchmarks/results/latest.json.
+
+``--quick``: a few rounds only (a smoke run); ``--only core,celery,taskiq,drain``: some groups;
+``--no-readme``: leave README.md alone.
+"""
 
 from __future__ import annotations
 
-import platform
-import sys
+import argparse
+import json
 import time
 
-from benchmarks import celery_publish, core_latency, taskiq_kiq
-from benchmarks.common import redis_url, table, update_readme
+from benchmarks import celery_publish, core_latency, taskiq_kiq, worker_drain
+from benchmarks.common import RESULTS, machine, ratios, redis_url, table, update_readme
+
+GROUPS = ("core", "celery", "taskiq", "drain")
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default=",".join(GROUPS))
+    parser.add_argument("--no-readme", action="store_true")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    scale = 10 if args.quick else 1
     started = time.strftime("%Y-%m-%d")
+    rows = []
     with redis_url() as url:
-        rows = core_latency.run(url) + celery_publish.run(url) + taskiq_kiq.run(url)
+        if "core" in only:
+            rows += core_latency.run(url, n=3000 // scale)
+        if "celery" in only:
+            rows += celery_publish.run(url, n=4000 // scale, rounds=20 // scale or 2)
+        if "taskiq" in only:
+            rows += taskiq_kiq.run(url, n=4000 // scale, rounds=20 // scale or 2)
+        if "drain" in only:
+            rows += worker_drain.run(url, n=1000 // scale, rounds=1 if args.quick else 3)
+    about = machine()
     text = table(rows)
-    note = (
-        f"\n\nMeasured {started} by `make bench` on {platform.machine()} "
-        f"(Python {platform.python_version()}, Redis on loopback)."
-    )
+    note = f"\n\nMeasured {started} by `make bench` on {about['summary']}."
     print(text + note)
-    if "--no-readme" not in sys.argv and update_readme(text + note):
+    RESULTS.parent.mkdir(exist_ok=True)
+    figures = [
+        {"group": r.group, "operation": r.name, "p50_us": round(r.p50_us, 1),
+         "p99_us": round(r.p99_us, 1), "ops_per_s": round(r.ops_per_s), "vs_plain": ratio}
+        for r, ratio in zip(rows, ratios(rows), strict=True)
+    ]  # fmt: skip
+    RESULTS.write_text(json.dumps({"date": started, "machine": about, "rows": figures}, indent=1))
+    print(f"figures written to {RESULTS}")
+    if not args.no_readme and not args.quick and update_readme(text + note):
         print("README.md benchmark table updated.")
     return 0
 

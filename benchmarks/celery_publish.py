@@ -1,4 +1,7 @@
-"""``apply_async`` on a Redis broker: plain Celery, taskdedup, celery-once, celery-singleton.
+"""``apply_async``: plain Celery, taskdedup, celery-once, celery-singleton, on each layout users
+deploy: a RabbitMQ broker with a Redis store; a Redis broker with the store in another database;
+a Redis broker whose server and database the store shares (fused: lock and message in one
+script). The peers keep their locks on the same Redis as taskdedup's store.
 
 Each library deduplicates one task; every row makes ``n`` sequential calls from one client,
 with unique arguments (every call publishes) and with one repeated argument (every call but the
@@ -7,21 +10,36 @@ first is a duplicate). Each library gets its own queue and key prefix, removed a
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from celery import Celery
 
 from benchmarks.common import Row, measure
+from taskdedup import RedisStore
 from taskdedup.celery import deduplicate, install
 
-GROUP = "Celery apply_async (Redis broker)"
+AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+#: layout -> the broker URL for a Redis URL (the store is always on that Redis URL).
+LAYOUTS: dict[str, Callable[[str], str]] = {
+    "RabbitMQ broker, Redis store": lambda url: AMQP_URL,
+    "Redis broker, store apart": lambda url: other_db(url),
+    "Redis broker, store fused": lambda url: url,
+}
 
 
-def _app(url: str, prefix: str) -> Celery:
-    app = Celery(prefix, broker=url, backend=url, set_as_current=False)
+def other_db(url: str) -> str:
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(db + 1) % 16}"))
+
+
+def _app(url: str, prefix: str, broker: str | None = None) -> Celery:
+    app = Celery(prefix, broker=broker or url, backend=url, set_as_current=False)
     app.conf.update(
         task_default_queue=f"{prefix}-q",
         broker_transport_options={"global_keyprefix": f"{prefix}:"},
@@ -31,8 +49,8 @@ def _app(url: str, prefix: str) -> Celery:
     return app
 
 
-def plain(url: str, prefix: str) -> Callable[..., Any]:
-    app = _app(url, prefix)
+def plain(url: str, prefix: str, broker: str) -> Callable[..., Any]:
+    app = _app(url, prefix, broker)
 
     @app.task(shared=False)
     def work(x: int) -> None: ...
@@ -40,10 +58,13 @@ def plain(url: str, prefix: str) -> Callable[..., Any]:
     return lambda args: work.apply_async(args)  # looked up per call, as user code does
 
 
-def taskdedup(url: str, prefix: str) -> Callable[..., Any]:
-    app = _app(url, prefix)
+def taskdedup(url: str, prefix: str, broker: str) -> Callable[..., Any]:
+    app = _app(url, prefix, broker)
     app.conf.taskdedup_key_prefix = prefix
-    install(app)
+    if broker == url:
+        install(app)  # the store made from the broker's URL: fused
+    else:
+        install(app, store=RedisStore.from_url(url, key_prefix=prefix))
 
     @deduplicate("until_executed")
     @app.task(shared=False)
@@ -52,10 +73,10 @@ def taskdedup(url: str, prefix: str) -> Callable[..., Any]:
     return lambda args: work.apply_async(args)  # looked up per call, as user code does
 
 
-def celery_once(url: str, prefix: str) -> Callable[..., Any]:
+def celery_once(url: str, prefix: str, broker: str) -> Callable[..., Any]:
     from celery_once import AlreadyQueued, QueueOnce
 
-    app = _app(url, prefix)
+    app = _app(url, prefix, broker)
     app.conf.ONCE = {
         "backend": "celery_once.backends.Redis",
         "settings": {"url": url, "default_timeout": 3600},
@@ -73,10 +94,10 @@ def celery_once(url: str, prefix: str) -> Callable[..., Any]:
     return call
 
 
-def celery_singleton(url: str, prefix: str) -> Callable[..., Any]:
+def celery_singleton(url: str, prefix: str, broker: str) -> Callable[..., Any]:
     from celery_singleton import Singleton
 
-    app = _app(url, prefix)
+    app = _app(url, prefix, broker)
     app.conf.singleton_backend_url = url
     app.conf.singleton_key_prefix = f"{prefix}:singleton:"
 
@@ -86,7 +107,7 @@ def celery_singleton(url: str, prefix: str) -> Callable[..., Any]:
     return lambda args: work.apply_async(args)  # looked up per call, as user code does
 
 
-LIBRARIES: dict[str, Callable[[str, str], Callable[..., Any]]] = {
+LIBRARIES: dict[str, Callable[[str, str, str], Callable[..., Any]]] = {
     "plain Celery": plain,
     "taskdedup": taskdedup,
     "celery-once": celery_once,
@@ -95,11 +116,35 @@ LIBRARIES: dict[str, Callable[[str, str], Callable[..., Any]]] = {
 
 
 def run(url: str, n: int = 4000, rounds: int = 20) -> list[Row]:
-    """Interleave the libraries over ``rounds`` so machine noise falls on all of them alike."""
+    """Every layout, each library interleaved over ``rounds`` so machine noise falls on all of
+    them alike. A layout whose broker does not answer is left out (and said so)."""
+    rows: list[Row] = []
+    for layout, broker_for in LAYOUTS.items():
+        broker = broker_for(url)
+        if broker.startswith("amqp") and not _answers(broker):
+            print(f"(skipped: {layout}: no broker at {broker})")
+            continue
+        rows += _run_layout(layout, url, broker, n, rounds)
+    return rows
+
+
+def _answers(broker: str) -> bool:
+    from kombu import Connection
+
+    try:
+        with Connection(broker, connect_timeout=2) as conn:
+            conn.ensure_connection(max_retries=1)
+        return True
+    except Exception:
+        return False
+
+
+def _run_layout(layout: str, url: str, broker: str, n: int, rounds: int) -> list[Row]:
+    group = f"Celery apply_async ({layout})"
     client = redis.Redis.from_url(url)
     prefixes = {name: "tdbench-" + uuid.uuid4().hex[:8] for name in LIBRARIES}
     try:
-        senders = {name: make(url, prefixes[name]) for name, make in LIBRARIES.items()}
+        senders = {name: make(url, prefixes[name], broker) for name, make in LIBRARIES.items()}
         samples: dict[str, list[int]] = {}
         counter = 0
         for _ in range(rounds):
@@ -108,15 +153,30 @@ def run(url: str, n: int = 4000, rounds: int = 20) -> list[Row]:
                     start = counter
                     counter += n // rounds + 100
                     row = measure(
-                        GROUP,
+                        group,
                         label,
                         n // rounds,
                         lambda i, a=args, s=start, f=send: f(a or (s + i,)),
                     )
                     samples.setdefault(f"{name}, {label}", []).extend(row.samples_ns)
-        return [Row(GROUP, name, values) for name, values in samples.items()]
+        return [Row(group, name, values) for name, values in samples.items()]
     finally:
-        for prefix in prefixes.values():  # celery-once names its keys "qo_<task name>..."
+        _clean(url, broker, prefixes.values())
+        client.close()
+
+
+def _clean(url: str, broker: str, prefixes: Any) -> None:
+    """Delete every queue and key the run made (RabbitMQ queues by name, Redis by prefix)."""
+    for where in {url, broker}:
+        if where.startswith("amqp"):
+            from kombu import Connection
+
+            with Connection(where) as conn:
+                for prefix in prefixes:
+                    conn.default_channel.queue_delete(f"{prefix}-q")
+            continue
+        client = redis.Redis.from_url(where)
+        for prefix in prefixes:  # celery-once names its keys "qo_<task name>..."
             for pattern in (prefix + "*", "qo_" + prefix + "*"):
                 for key in client.scan_iter(match=pattern, count=1000):
                     client.unlink(key)

@@ -16,6 +16,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "results" / "latest.json"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
@@ -73,16 +74,71 @@ def redis_url() -> Iterator[str]:
         yield server.url
 
 
+def ratios(rows: list[Row]) -> list[float | None]:
+    """Each row's speed against the plain framework's row of its group with the same kind of
+    arguments (plain p50 / row p50: above 1 is faster than plain); None for the core rows."""
+    plain = {}
+    for r in rows:
+        if r.name.startswith("plain"):
+            plain[(r.group, r.name.split(", ", 1)[-1])] = r.p50_us
+    found: list[float | None] = []
+    for r in rows:
+        base = plain.get((r.group, r.name.rsplit(", ", 1)[-1]))
+        found.append(None if base is None else round(base / r.p50_us, 2))
+    return found
+
+
 def table(rows: list[Row]) -> str:
     lines = [
-        "| group | operation | p50 (µs) | p99 (µs) | ops/s (one client) |",
-        "|---|---|---:|---:|---:|",
+        "| group | operation | p50 (µs) | p99 (µs) | ops/s (one client) | vs plain |",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.group} | {r.name} | {r.p50_us:.0f} | {r.p99_us:.0f} | {r.ops_per_s:,.0f} |"
-        )
+    for r, ratio in zip(rows, ratios(rows), strict=True):
+        vs = "" if ratio is None else f"{ratio:.2f}x"
+        figures = f"{r.p50_us:.0f} | {r.p99_us:.0f} | {r.ops_per_s:,.0f} | {vs}"
+        lines.append(f"| {r.group} | {r.name} | {figures} |")
     return "\n".join(lines)
+
+
+def machine() -> dict[str, str]:
+    """What the figures were measured on, as a reader needs it to compare."""
+    import platform
+
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo") if "model name" in line),
+        platform.processor() or "?",
+    )
+    import celery
+    import kombu
+    import taskiq
+
+    about = {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "redis_py": redis.__version__,
+        "celery": celery.__version__,
+        "kombu": kombu.__version__,
+        "taskiq": getattr(taskiq, "__version__", "?"),
+    }
+    try:
+        about["redis_server"] = redis.Redis().info("server")["redis_version"]
+    except redis.RedisError:
+        about["redis_server"] = "?"
+    about["summary"] = (
+        f"{about['cpu']}, {about['cores']} cores, Python {about['python']}, Redis "
+        f"{about['redis_server']} and RabbitMQ on loopback, celery {about['celery']}, "
+        f"redis-py {about['redis_py']}"
+    )
+    return about
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.readlines()
+    except OSError:
+        return []
 
 
 def update_readme(text: str) -> bool:

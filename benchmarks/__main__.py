@@ -1,7 +1,8 @@
 """Run every benchmark in one process; print one table, write it to README.md and the figures to
 benchmarks/results/latest.json.
 
-``--quick``: a few rounds only (a smoke run); ``--only core,celery,taskiq,drain``: some groups;
+``--quick``: a few rounds only (a smoke run); ``--only core,celery,taskiq,drain,plot``: some
+groups (plot: enqueue throughput against producer threads and processes, docs/bench-throughput.png);
 ``--no-readme``: leave README.md alone.
 """
 
@@ -11,10 +12,10 @@ import argparse
 import json
 import time
 
-from benchmarks import celery_publish, core_latency, taskiq_kiq, worker_drain
+from benchmarks import celery_publish, core_latency, taskiq_kiq, throughput, worker_drain
 from benchmarks.common import RESULTS, machine, ratios, redis_url, table, update_readme
 
-GROUPS = ("core", "celery", "taskiq", "drain")
+GROUPS = ("core", "celery", "taskiq", "drain", "plot")
 
 
 def main() -> int:
@@ -27,6 +28,7 @@ def main() -> int:
     scale = 10 if args.quick else 1
     started = time.strftime("%Y-%m-%d")
     rows = []
+    curves: dict[str, object] = {}
     with redis_url() as url:
         if "core" in only:
             rows += core_latency.run(url, n=3000 // scale)
@@ -36,6 +38,9 @@ def main() -> int:
             rows += taskiq_kiq.run(url, n=4000 // scale, rounds=20 // scale or 2)
         if "drain" in only:
             rows += worker_drain.run(url, n=1000 // scale, rounds=1 if args.quick else 3)
+        if "plot" in only:
+            curves = throughput.run(url, seconds=0.3 if args.quick else 1.5)
+            print(f"throughput plot drawn to {throughput.PLOT}")
     about = machine()
     text = table(rows)
     note = f"\n\nMeasured {started} by `make bench` on {about['summary']}."
@@ -46,7 +51,11 @@ def main() -> int:
          "p99_us": round(r.p99_us, 1), "ops_per_s": round(r.ops_per_s), "vs_plain": ratio}
         for r, ratio in zip(rows, ratios(rows), strict=True)
     ]  # fmt: skip
-    RESULTS.write_text(json.dumps({"date": started, "machine": about, "rows": figures}, indent=1))
+    RESULTS.write_text(
+        json.dumps(
+            {"date": started, "machine": about, "rows": figures, "throughput": curves}, indent=1
+        )
+    )
     print(f"figures written to {RESULTS}")
     if not args.no_readme and not args.quick and update_readme(text + note):
         print("README.md benchmark table updated.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 
 from taskdedup import Deduplicator, Policy, RedisStore, Settings
 
@@ -140,3 +141,33 @@ def test_a_connection_lost_between_a_call_and_its_reply_is_asked_again(
     assert store.run(Acquire("lost", "j2", 60_000, 60_000)).holder == "j1"
     store.close()
     admin.close()
+
+
+def test_a_child_forked_while_the_client_is_being_made_can_make_its_own(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A prefork child forked while a parent thread holds the lock that makes the client
+    (a first store call under way) makes its own client, instead of waiting for ever."""
+    import os
+
+    from taskdedup.stores.base import Inspect
+
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    with store.clients._making:  # another thread of the parent is making the client
+        pid = os.fork()
+        if pid == 0:  # the child: its first store call must answer
+            try:
+                store.run(Inspect("forked"))
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child never answered: it waited on the parent's lock")

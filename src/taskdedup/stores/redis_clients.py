@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
+import weakref
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -14,6 +16,21 @@ import redis.asyncio
 
 from ..errors import ConfigError
 from ..suggest import did_you_mean
+
+
+def _new_lock_after_fork(clients: RedisClients) -> None:
+    """A forked child (Celery's prefork pool) gets a fresh lock: one held by another thread of
+    the parent at the fork would never be released in the child, whose first store call would
+    then wait for ever. (A weak reference: registering must not keep the clients alive.)"""
+    ref = weakref.ref(clients)
+
+    def fresh() -> None:
+        found = ref()
+        if found is not None:
+            found._making = threading.Lock()
+
+    os.register_at_fork(after_in_child=fresh)
+
 
 #: redis-py's default socket timeout: how long an asyncio operation may wait for Redis.
 DEFAULT_TIMEOUT = 5.0
@@ -81,6 +98,7 @@ class RedisClients:
         self._options = options
         self._client = client
         self._making = threading.Lock()
+        _new_lock_after_fork(self)
         self._async_client = async_client  # given: used as it is, whatever the loop
         self._given = None if async_client is None else _LoopClients(async_client, None)
         #: The asyncio clients made here, per event loop (redis-py's are bound to the loop

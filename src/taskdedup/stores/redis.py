@@ -40,7 +40,7 @@ from .base import (
 )
 from .redis_calls import SHAS, SOURCES, ScriptCall, ScriptCalls, as_text, parse_acquire
 from .redis_clients import RedisClients, check_options
-from .redis_sent import send
+from .redis_sent import SentCall, send
 
 if sys.version_info >= (3, 11, 3):  # the same cut-over redis-py makes (earlier 3.11s had bugs)
     from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
@@ -195,10 +195,10 @@ class RedisStore(Store):
     def run(self, op: Op[R]) -> R:
         builder = self.calls.single.get(type(op))
         if builder is not None:
-            sent = self.send(op)  # redis-py's connection, without its per-command wrappers
-            if sent is not None:
-                return sent.reply()
             call = builder(op)
+            sent = self._send(call)  # redis-py's connection, without its per-command wrappers
+            if sent is not None:
+                return cast(R, sent.reply())
             with _answering(call.keys):
                 raw = self._eval(call.script, call.keys, call.args)
             return cast(R, call.parse(raw))
@@ -209,9 +209,9 @@ class RedisStore(Store):
         """Write ``op`` now and read its reply later with ``.reply()`` (see redis_sent), so
         the caller's own work overlaps the round trip; None when ``op`` cannot go that way."""
         builder = self.calls.single.get(type(op))
-        if builder is None:
-            return None
-        call = builder(op)
+        return None if builder is None else self._send(builder(op))
+
+    def _send(self, call: ScriptCall) -> SentCall | None:
         with _answering(call.keys):
             return send(
                 self.client,

@@ -335,7 +335,8 @@ class Event:
 
     @classmethod
     def parse(cls, entry: str) -> Event:
-        at, what, job, *detail = [*entry.split(" "), ""][:3] + entry.split(" ")[3:]
+        """An entry as the stores write it: ``"<ms> <what> <job> [<detail> ...]"``."""
+        at, what, job, *detail = [*entry.split(" "), "", ""]
         return cls(int(at), what, job, tuple(d for d in detail if d))
 
     def entry(self) -> str:

@@ -10,7 +10,7 @@ from .records import Records
 def remember_event(r: Records, key: str, what: str, job_id: str, *detail: object) -> None:
     name = r.name(key, "log")
     entries = (r.get(name) or {"v": []})["v"]
-    entry = " ".join([str(r.now), what, job_id, *(str(d) for d in detail)])
+    entry = Event(r.now, what, job_id, tuple(str(d) for d in detail)).entry()
     r.put(name, {"v": [entry, *entries][:HISTORY_SIZE]}, r.now + HISTORY_MS)
 
 

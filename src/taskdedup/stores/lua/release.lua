@@ -1,7 +1,8 @@
 -- Owner-checked release of the enqueue lock and the run lock.
 -- KEYS: lock, run, fence   ARGV: job, queued_only (1: only an enqueue lock still QUEUED, no
--- run lock), why (for the key's history: publish_failed, revoked, ...). A lock whose publish was never confirmed takes its fence counter with it: no run
--- used its token, and a counter seeded again from the clock still rises (a failed publish
+-- run lock), why (for the key's history: publish_failed, discarded, ...). A lock whose
+-- publish was never confirmed takes its fence counter and its 'accepted' entry with it: no
+-- run used its token, and a counter seeded again from the clock still rises (a failed publish
 -- leaves nothing behind).
 local unpublished = false  -- a lock never confirmed: its job was never published
 local function release()

@@ -65,6 +65,18 @@ def _fresh_after_fork(batcher: Any) -> None:
     os.register_at_fork(after_in_child=reset)
 
 
+def _thread_of_this_process(batcher: Any, name: str, at_exit: Any) -> None:
+    """Start ``batcher._loop`` on a daemon thread the first time it is used in this process (a
+    forked child starts its own) and have ``at_exit`` run when the process exits. Call it
+    holding the batcher's mutex."""
+    if batcher._pid == os.getpid():
+        return
+    batcher._pid = os.getpid()
+    batcher._thread = threading.Thread(target=batcher._loop, name=name, daemon=True)
+    batcher._thread.start()
+    atexit.register(at_exit)
+
+
 class _Leases:
     """The leases held in this process, and how often they need renewing."""
 
@@ -274,9 +286,9 @@ class Confirmer:
         give_up = time.monotonic() + self.dedup.settings.grace
         with self._mutex:
             self._pending.append((key, job_id, give_up))
-            if self._pid != os.getpid():  # first use, or a forked child: start our thread
-                self._pid = os.getpid()
-                self._start()
+            if self._pid != os.getpid():  # first use, or a forked child
+                self._stop.clear()
+                _thread_of_this_process(self, "taskdedup-confirm", self.flush)
             first = len(self._pending) == 1
         if first:  # the thread sleeps while nothing is pending
             self._wake.set()
@@ -294,12 +306,6 @@ class Confirmer:
             batch, self._pending = self._pending, []
             self._sending = frozenset(j for _, j, _ in batch)
         return batch
-
-    def _start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="taskdedup-confirm", daemon=True)
-        self._thread.start()
-        atexit.register(self.flush)
 
     def flush(self) -> int:
         """Confirm everything pending now; returns how many locks were extended."""
@@ -374,13 +380,8 @@ class Releaser:
     def add(self, op: Release) -> None:
         with self._mutex:
             self._pending[op] = time.monotonic() + self.patience
-            if self._pid != os.getpid():  # first use, or a forked child: start our thread
-                self._pid = os.getpid()
-                self._thread = threading.Thread(
-                    target=self._loop, name="taskdedup-release", daemon=True
-                )
-                self._thread.start()
-                atexit.register(self.flush)  # one last try (it stops at the first failure)
+            # (at exit, one last try: it stops at the first failure)
+            _thread_of_this_process(self, "taskdedup-release", self.flush)
         self._wake.set()
 
     def pending(self) -> int:
@@ -440,13 +441,7 @@ class LateReplies:
         """Read ``sent``'s reply later with ``step`` (its ``done``, or ``failed``)."""
         with self._mutex:
             self._unread.append((sent, step))
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
-                self._thread = threading.Thread(
-                    target=self._loop, name="taskdedup-replies", daemon=True
-                )
-                self._thread.start()
-                atexit.register(self.read)
+            _thread_of_this_process(self, "taskdedup-replies", self.read)
         self._wake.set()  # cheap while the thread sleeps its interval (no one waits on it)
 
     def read(self) -> None:

@@ -70,10 +70,7 @@ def locks(
 def show(ctx: click.Context, key: str, as_json: bool) -> None:
     """One lock, every field (exit 1 when nothing holds KEY)."""
     t = target(ctx)
-    info = t.store.run(Inspect(key))
-    if info is None:
-        click.echo(f"nothing holds {key}", err=True)
-        sys.exit(1)
+    info = _held(t, key)
     record = _record(t, info)
     if as_json:
         click.echo(json.dumps(record))
@@ -102,10 +99,7 @@ def unlock(ctx: click.Context, key: str, yes: bool, dry_run: bool) -> None:
     """Free KEY whoever holds it (a stuck lock). The job that held it is not stopped: if it
     still runs, a duplicate may now run beside it."""
     t = target(ctx)
-    info = t.store.run(Inspect(key))
-    if info is None:
-        click.echo(f"nothing holds {key}", err=True)
-        sys.exit(1)
+    info = _held(t, key)
     what = _describe(t, info)
     if dry_run:
         click.echo(f"would free {what}")
@@ -154,6 +148,15 @@ def doctor(ctx: click.Context) -> None:
     for f in findings:
         click.echo(f"{f.level:<8}{f.check:<11}{f.message}")
     sys.exit(max((EXIT[f.level] for f in findings), default=0))
+
+
+def _held(t: Target, key: str) -> LockInfo:
+    """What holds ``key``; exit 1, saying so, when nothing does."""
+    info = t.store.run(Inspect(key))
+    if info is None:
+        click.echo(f"nothing holds {key}", err=True)
+        sys.exit(1)
+    return info
 
 
 def _record(t: Target, info: LockInfo) -> dict[str, Any]:

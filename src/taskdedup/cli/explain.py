@@ -76,14 +76,16 @@ def explain(target: Target, key: str, as_json: bool) -> None:
 
 
 def says(e: Event) -> str:
-    template = FINISHED.get(e.detail[0] if e.detail else "", "") if e.what == "finished" else ""
-    template = template or SAYS.get(e.what, e.what + " {job}")
+    if e.what == "finished":
+        template = FINISHED.get(e.detail[0] if e.detail else "", "finished: {job}")
+    elif e.what == "deduplicated" and e.job_id == "-":  # asked before a job id was made
+        template = "deduplicated: a submission was answered with {0}"
+    else:
+        template = SAYS.get(e.what, e.what + " {job}")
     detail = [*e.detail, "", ""]
     if e.what == "accepted" and e.detail:
         detail[0] = f"({e.detail[0]})"
-    job = "a submission" if e.job_id == "-" else e.job_id  # asked before a job id was made
-    text = template.format(*detail, job=job).replace(" ()", "").rstrip()
-    return text.replace("the submission a submission", "a submission")
+    return template.format(*detail, job=e.job_id).replace(" ()", "").rstrip()  # (no why)
 
 
 def _now(info: LockInfo | None, events: list[Event]) -> str:

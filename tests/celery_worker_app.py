@@ -75,6 +75,17 @@ def capped_job(tenant: str, seconds: float) -> str:
     return tenant
 
 
+@deduplicate("until_executed", lease=2, keys=["name"], on_conflict="reschedule_once")
+@app.task(name="sub.rescheduled_job", shared=False)
+def rescheduled_job(name: str, seconds: float) -> str:
+    """Counts its runs (tests/test_metrics.py): a duplicate while it runs owes one more."""
+    marks.incr(f"{PREFIX}:mark:runs:{name}")
+    marks.expire(f"{PREFIX}:mark:runs:{name}", 600)
+    marks.set(f"{PREFIX}:mark:pid:{name}", os.getpid(), ex=600)
+    time.sleep(seconds)
+    return name
+
+
 # ---- fault tests (tests/test_faults_celery.py): runs record their start and end --------------
 
 

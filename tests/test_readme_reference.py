@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from taskdedup import Policy, ReservePolicy, Settings
 from taskdedup.celery import messages
 from taskdedup.decide import envelope
@@ -95,5 +97,23 @@ def test_every_header_and_label_is_in_the_reference_and_every_named_one_exists()
     assert headers | labels | carried == set(rows), "README headers/labels table vs the code"
     celery_settings = {f"taskdedup_{f.name}" for f in dataclasses.fields(Settings)}
     named = set(re.findall(r"`(taskdedup_[a-z_]+)`", README))
-    unknown = named - set(rows) - celery_settings
+    unknown = named - set(rows) - celery_settings - set(registered_metrics())
     assert not unknown, f"the README names what the code does not have: {sorted(unknown)}"
+
+
+def registered_metrics() -> list[str]:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from taskdedup.metrics import Metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    Metrics(registry)
+    return [
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in registry.collect()
+    ]
+
+
+def test_every_metric_is_in_the_metrics_table_and_no_other() -> None:
+    rows = table_rows(section("Metrics and events"))
+    metrics = {name for name in rows if name.startswith("taskdedup_")}
+    assert metrics == set(registered_metrics())

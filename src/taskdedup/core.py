@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from . import events
 from .background import Confirmer, LateReplies, Releaser
 from .decide import (
     Admission,
@@ -67,6 +68,13 @@ class Runner:
         self.confirmer = Confirmer(self)
         self.releaser = Releaser(self)
         self.late = LateReplies()
+        #: Listeners of this runner's decisions (an adapter's signals or callbacks); those of
+        #: every runner in the process are :data:`taskdedup.events.everywhere`.
+        self.listeners = events.Listeners()
+        if self.settings.metrics:  # (the module says what to install when it is missing)
+            from .metrics import install_metrics
+
+            install_metrics()
 
     def run(self, step: Step[T]) -> T:
         """Execute a planned Step against the store (``plan_enqueue`` and friends)."""
@@ -179,12 +187,30 @@ class Runner:
         return reply
 
     def note(self, decision: str, outcome: str, level: int, task: str, **fields: Any) -> None:
-        """Count ``decision.outcome`` in ``stats`` and log it on the ``taskdedup`` logger."""
+        """Count ``decision.outcome`` in ``stats``, log it on the ``taskdedup`` logger (the
+        task, job, holder and key also as the record's ``extra`` fields: ``task_name``,
+        ``job_id``, ``holder_job_id``, ``dedup_key``, ``decision``, ``outcome``) and hand it
+        to the listeners as a :class:`~taskdedup.events.Decision`."""
         with self._stats_lock:
             self.stats[f"{decision}.{outcome}"] += 1
         if log.isEnabledFor(level):
             detail = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
-            log.log(level, "%s %s %s: %s", decision, outcome, task, detail)
+            extra = {
+                "decision": decision,
+                "outcome": outcome,
+                "task_name": task,
+                "job_id": fields.get("job"),
+                "holder_job_id": fields.get("holder"),
+                "dedup_key": fields.get("key"),
+            }
+            log.log(level, "%s %s %s: %s", decision, outcome, task, detail, extra=extra)
+        if self.listeners or events.everywhere:
+            self.tell(events.Decision.of(decision, outcome, task, fields))
+
+    def tell(self, event: events.Decision) -> None:
+        """Hand ``event`` to this runner's listeners and to those of the whole process."""
+        self.listeners.send(event)
+        events.everywhere.send(event)
 
     def store_unavailable(
         self, decision: str, task: str, exc: StoreUnavailable, **fields: Any
@@ -333,8 +359,11 @@ class Deduplicator(Runner):
 
     def _renewed(self, reply: tuple[bool, ...] | None) -> tuple[bool, ...] | None:
         if reply is not None:
+            renewed = sum(reply)
             with self._stats_lock:
-                self.stats["heartbeat.renewed"] += sum(reply)
+                self.stats["heartbeat.renewed"] += renewed
+            if renewed and (self.listeners or events.everywhere):
+                self.tell(events.Decision("heartbeat", "renewed", "*", fields={"count": renewed}))
         return reply
 
     def lease_lost(self, lease: Lease) -> None:

@@ -17,6 +17,7 @@ OnStoreError = Literal["enqueue", "raise"]
 _SECONDS = ("default_ttl", "default_lease", "grace", "remember_finished", "idempotency_ttl")
 OnMismatch = Literal["raise", "return"]
 ENV_PREFIX = "TASKDEDUP_"
+_FLAGS = ("enabled", "dry_run", "fused_publish", "metrics")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Settings:
         key's lock in the broker's own push, one round trip (Celery: by hooking kombu's Redis
         ``Channel._put``; taskiq-redis ListQueueBroker: in the kick). False: take the lock, then
         publish, as on every other layout.
+    metrics: count every decision, store call and lease in Prometheus metrics on
+        prometheus_client's default registry (the ``prometheus`` extra; see
+        :mod:`taskdedup.metrics`).
     """
 
     url: str | None = None
@@ -65,6 +69,7 @@ class Settings:
     idempotency_wait: float = 5.0
     reschedule_payload_limit: int = 65536
     fused_publish: bool = True
+    metrics: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.disabled_tasks, str):
@@ -85,7 +90,7 @@ class Settings:
                 "idempotency_on_mismatch must be 'raise' or 'return', "
                 f"not {self.idempotency_on_mismatch!r}"
             )
-        for name in ("enabled", "dry_run", "fused_publish"):
+        for name in _FLAGS:
             object.__setattr__(self, name, _flag(name, getattr(self, name)))
         for name in _SECONDS:
             object.__setattr__(self, name, seconds(getattr(self, name), name=name))
@@ -154,7 +159,7 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def _parse(name: str, raw: str) -> Any:
-    if name in ("enabled", "dry_run", "fused_publish"):
+    if name in _FLAGS:
         try:
             return _flag(name, raw)
         except ConfigError:

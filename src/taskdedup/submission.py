@@ -97,6 +97,9 @@ def take(
             ttl = limits.ttl_seconds + call.delay  # until it starts, plus an ETA's delay
             try:
                 yield from guard.reserve_flow(scope, limits.max_concurrent, ttl, call.job_id)
+            except QuotaExceeded:
+                dedup.note("reserve", "rejected", logging.INFO, call.task, scope=scope)
+                raise
             except StoreUnavailable as exc:  # "raise" raises here; "enqueue" goes on without
                 dedup.store_unavailable("reserve", call.task, exc, scope=scope, job=call.job_id)
             else:

@@ -16,10 +16,14 @@ from ..background import Heartbeat
 from ..core import Deduplicator
 from ..errors import ConfigError
 from ..features import Features
+from ..policy import TaskPolicy
 from ..settings import Settings
+from ..startup import announce
 from ..stores import RedisStore, Store
+from . import signals
 from .config import settings_from_app, store_for_app
 from .redis_push import hook_send_task_message, install_hooks
+from .tasks import task_policy
 
 log = logging.getLogger("taskdedup")
 
@@ -95,8 +99,23 @@ class CeleryDedup(Features):
             with self._mutex:
                 if self._dedup is None:
                     store = self._store or store_for_app(self.app, self.settings)
-                    self._dedup = Deduplicator(store, self.settings)
+                    dedup = Deduplicator(store, self.settings)
+                    dedup.listeners.add(signals.send)
+                    announce(self.settings, store, self._policies())
+                    self._dedup = dedup
         return self._dedup
+
+    def _policies(self) -> dict[str, TaskPolicy]:
+        """The bound policies of the app's tasks so far (for the startup line)."""
+        found = {}
+        for task in list(self.app._tasks.values()):
+            try:
+                policy = task_policy(task, self.settings)
+            except ConfigError:
+                continue  # reported where the task is checked
+            if policy is not None:
+                found[task.name] = policy
+        return found
 
     @property
     def fused_publish(self) -> bool:

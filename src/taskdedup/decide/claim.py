@@ -72,8 +72,10 @@ def plan_claim(
     )
 
     def done(reply: ClaimReply) -> Admission:
-        level = logging.DEBUG if reply.outcome == "run" else logging.INFO
-        outcome = reply.outcome if reply.outcome == "run" or not dry else "would_skip"
+        outcome: str = reply.outcome if reply.outcome == "run" or not dry else "would_skip"
+        if outcome == "run" and attempt is not None and reply.attempts > attempt + 1:
+            outcome = "recovered"  # an earlier run of this attempt ended without a word
+        level = logging.DEBUG if outcome == "run" else logging.INFO
         note("claim", outcome, level, task, key=key, job=job_id, holder=reply.holder)
         lease = Lease(key, job_id, lease_ms, task=task) if reply.outcome == "run" else None
         retry_after = {"busy": BUSY_DELAY, "running": p.lease_seconds + 1}.get(reply.outcome)

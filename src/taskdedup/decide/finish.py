@@ -87,7 +87,8 @@ def plan_finish(
         outcome = "handed_off" if reply.handoff else "released" if reply.released else "kept"
         if reply.stale:
             outcome = "stale"
-        level = logging.DEBUG if reply.released or not holds else logging.INFO
+        quiet = (reply.released and not reply.handoff) or not holds
+        level = logging.DEBUG if quiet and not reply.stale else logging.INFO
         then = reply.handoff.job_id if reply.handoff else None
         note("finish", outcome, level, tp.task, key=key, job=job_id, next=then)
         return Completion(reply.released, reply.handoff)

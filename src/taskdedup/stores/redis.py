@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sys
 import warnings
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
 
+from .. import events
 from ..errors import ConfigError, CorruptRecord, StoreUnavailable
 from .base import (
     Acquire,
@@ -185,10 +187,7 @@ class RedisStore(Store):
                     await client.script_load(SOURCES[name])
                     return await client.evalsha(SHAS[name], len(keys), *keys, *args)
         except asyncio.TimeoutError:
-            raise self._timed_out() from None
-
-    def _timed_out(self) -> redis.exceptions.TimeoutError:
-        return redis.exceptions.TimeoutError(f"no answer within {self.clients.async_timeout} s")
+            raise self.clients.timed_out() from None
 
     # -- the protocol
 
@@ -198,12 +197,15 @@ class RedisStore(Store):
             call = builder(op)
             sent = self._send(call)  # redis-py's connection, without its per-command wrappers
             if sent is not None:
-                return cast(R, sent.reply())
-            with _answering(call.keys):
-                raw = self._eval(call.script, call.keys, call.args)
-            return cast(R, call.parse(raw))
-        with _answering():
+                return cast(R, sent.reply())  # (timed there)
+            return cast(R, events.timed(call.script, self._run_call, call))
+        with _answering():  # (a batch of background work: not a decision's wait, not timed)
             return cast(R, self._run_special(op))
+
+    def _run_call(self, call: ScriptCall) -> Any:
+        with _answering(call.keys):
+            raw = self._eval(call.script, call.keys, call.args)
+        return call.parse(raw)
 
     def send(self, op: Op[R]) -> Sent[R] | None:
         """Write ``op`` now and read its reply later with ``.reply()`` (see redis_sent), so
@@ -212,13 +214,9 @@ class RedisStore(Store):
         return None if builder is None else self._send(builder(op))
 
     def _send(self, call: ScriptCall) -> SentCall | None:
+        again = functools.partial(self._eval, call.script, call.keys, call.args)
         with _answering(call.keys):
-            return send(
-                self.client,
-                call,
-                lambda: self._eval(call.script, call.keys, call.args),
-                _answering,
-            )
+            return send(self.client, call, again, _answering)
 
     async def arun(self, op: Op[R]) -> R:
         if self.async_client is None:
@@ -226,11 +224,14 @@ class RedisStore(Store):
         builder = self.calls.single.get(type(op))
         if builder is not None:
             call = builder(op)
-            with _answering(call.keys):
-                raw = await self._aeval(call.script, call.keys, call.args)
-            return cast(R, call.parse(raw))
+            return cast(R, await events.atimed(call.script, self._arun_call, call))
         with _answering():
             return cast(R, await self._arun_special(op))
+
+    async def _arun_call(self, call: ScriptCall) -> Any:
+        with _answering(call.keys):
+            raw = await self._aeval(call.script, call.keys, call.args)
+        return call.parse(raw)
 
     # -- a broker on this same server: lock and message in one step
 
@@ -243,6 +244,7 @@ class RedisStore(Store):
         fields = ("host", "port", "db", "path", "username")
         return all(_same(ours.get(name), connection_kwargs.get(name), name) for name in fields)
 
+    @events.timed_as("acquire_and_push")
     def acquire_and_push(self, op: Acquire, queue: str, message: str | bytes) -> AcquireReply:
         """:class:`Acquire`, and when the lock is ours LPUSH ``message`` onto the list ``queue``
         in the same script: one round trip, and no window where one exists without the other
@@ -258,6 +260,9 @@ class RedisStore(Store):
         """The asyncio twin of :meth:`acquire_and_push`."""
         if self.async_client is None:
             return await asyncio.to_thread(self.acquire_and_push, op, queue, message)
+        return await events.atimed("acquire_and_push", self._apush, op, queue, message)
+
+    async def _apush(self, op: Acquire, queue: str, message: str | bytes) -> AcquireReply:
         call = self.calls.acquire(op)
         with _answering():
             raw = await self._aeval("acquire", [*call.keys, queue], [*call.args, message])
@@ -338,7 +343,7 @@ class RedisStore(Store):
                         for name in {call.script for call in calls}:
                             await client.script_load(SOURCES[name])
         except asyncio.TimeoutError:
-            raise self._timed_out() from None
+            raise self.clients.timed_out() from None
         return combine([call.parse(raw) for call, raw in zip(calls, raws, strict=True)])
 
 

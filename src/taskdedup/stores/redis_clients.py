@@ -109,6 +109,10 @@ class RedisClients:
         self.async_timeout: float | None = None
         self._threaded = False  # no asyncio client could be derived from the sync one
 
+    def timed_out(self) -> Exception:
+        """What an asyncio operation past :attr:`async_timeout` raises."""
+        return redis.exceptions.TimeoutError(f"no answer within {self.async_timeout} s")
+
     @property
     def client(self) -> Any:
         """The sync client, made once: threads racing to make it would each make one, and a

@@ -22,6 +22,7 @@ import redis
 import redis.cluster
 import redis.exceptions
 
+from .. import events
 from .redis_calls import SHAS, ScriptCall
 
 _NOT_SENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
@@ -53,7 +54,11 @@ class SentCall:
         return self._connection is not None
 
     def reply(self) -> Any:
-        """The call's parsed reply; a Redis that cannot answer raises StoreUnavailable."""
+        """The call's parsed reply; a Redis that cannot answer raises StoreUnavailable. The
+        wait for it is timed while :data:`taskdedup.events.store_calls` has listeners."""
+        return events.timed(self._call.script, self._reply)
+
+    def _reply(self) -> Any:
         with self._answering(self._call.keys):
             raw = self._read()
         return self._call.parse(raw)

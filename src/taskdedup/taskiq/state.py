@@ -9,15 +9,18 @@ from urllib.parse import quote
 
 from taskiq.abc.middleware import TaskiqMiddleware
 
+from ..callbacks import Callbacks
 from ..core import Deduplicator
 from ..errors import ConfigError
 from ..features import Features
+from ..policy import TaskPolicy
 from ..settings import Settings
+from ..startup import announce
 from ..stores import MemoryStore, RedisStore, Store
-from .options import Policies
+from .options import Policies, declared
 
 
-class DedupState(TaskiqMiddleware, Features):
+class DedupState(TaskiqMiddleware, Features, Callbacks):
     """What both sides of one broker share: settings, store, Deduplicator, policies (the
     arguments are :class:`~taskdedup.taskiq.DedupMiddleware`'s)."""
 
@@ -38,8 +41,24 @@ class DedupState(TaskiqMiddleware, Features):
     def dedup(self) -> Deduplicator:
         """The Deduplicator, made on first use (so a bad URL fails where it is used)."""
         if self._dedup is None:
-            self._dedup = Deduplicator(self._store or self._default_store(), self.settings)
+            dedup = Deduplicator(self._store or self._default_store(), self.settings)
+            dedup.listeners.add(self._tell)
+            announce(self.settings, dedup.store, self._declared())
+            self._dedup = dedup
         return self._dedup
+
+    def _declared(self) -> dict[str, TaskPolicy]:
+        """The bound policies of the broker's tasks (for the startup line)."""
+        found = {}
+        tasks: dict[str, Any] = getattr(getattr(self, "broker", None), "get_all_tasks", dict)()
+        for name, task in tasks.items():
+            try:
+                policy = self.policies.resolve(task, declared(task), ())
+            except ConfigError:
+                continue  # reported where the task is checked
+            if policy is not None:
+                found[name] = policy
+        return found
 
     def _default_store(self) -> Store:
         url, prefix = self.settings.url, self.settings.key_prefix

@@ -34,13 +34,16 @@ lint: venv
 type: venv
 	$(BIN)/mypy src
 
-# pytest exits 5 when it collected no tests: that is a broken suite, not a pass.
+# pytest exits 5 when it collected no tests: that is a broken suite, not a pass. The example
+# project (examples/shop) is a project of its own: its tests run in a pytest of their own, on
+# taskdedup's pytest plugin alone.
 test: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 	$(BIN)/mypy src
 	@status=0; $(BIN)/pytest $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests; failing" >&2; fi; \
+	[ $$status -ne 0 ] || $(BIN)/pytest examples/shop || status=$$?; \
 	exit $$status
 
 # Each extra installed from the built wheel in a clean venv (no test extra), then one real

@@ -97,7 +97,7 @@ def test_every_header_and_label_is_in_the_reference_and_every_named_one_exists()
     assert headers | labels | carried == set(rows), "README headers/labels table vs the code"
     celery_settings = {f"taskdedup_{f.name}" for f in dataclasses.fields(Settings)}
     named = set(re.findall(r"`(taskdedup_[a-z_]+)`", README))
-    unknown = named - set(rows) - celery_settings - set(registered_metrics())
+    unknown = named - set(rows) - celery_settings - set(registered_metrics()) - plugin_fixtures()
     assert not unknown, f"the README names what the code does not have: {sorted(unknown)}"
 
 
@@ -117,3 +117,14 @@ def test_every_metric_is_in_the_metrics_table_and_no_other() -> None:
     rows = table_rows(section("Metrics and events"))
     metrics = {name for name in rows if name.startswith("taskdedup_")}
     assert metrics == set(registered_metrics())
+
+
+def plugin_fixtures() -> set[str]:
+    from taskdedup.testing import plugin
+
+    return {name for name in vars(plugin) if name.startswith("taskdedup_")}
+
+
+def test_every_fixture_of_the_plugin_is_in_the_testing_table_and_no_other() -> None:
+    rows = table_rows(section("Testing your tasks"))
+    assert {name for name in rows if name.startswith("taskdedup_")} == plugin_fixtures()

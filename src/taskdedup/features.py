@@ -4,14 +4,21 @@ reservation guard, each made on first use over the same store and settings."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from .core import Deduplicator
 from .idempotency import IdempotencyKeys
 from .reservations import ReservationGuard
+from .stores.base import Store
 
 
 class Features:
-    """Mixed into an adapter's state, which provides :attr:`dedup`."""
+    """Mixed into an adapter's state, which provides :attr:`dedup` (made from ``_store``)."""
+
+    #: The attributes an adapter's state makes from its store (each made again when None).
+    made_from_store: tuple[str, ...] = ("_dedup",)
+    _store: Store | None
 
     @property
     def dedup(self) -> Deduplicator:
@@ -24,3 +31,35 @@ class Features:
     @functools.cached_property
     def reservations(self) -> ReservationGuard:
         return ReservationGuard.under(self.dedup.store, self.dedup.settings)
+
+    def use_store(self, store: Store) -> Callable[[], None]:
+        """Work on ``store`` from now until the returned function is called, which puts the
+        store back as it was (the pytest plugin: one store per test, for an app or a broker
+        that lives across tests). What was made from the store is made again from ``store``."""
+        own = ("_store", *self.made_from_store)
+        cached = ("idempotency", "reservations")
+        saved = {name: getattr(self, name) for name in own}
+        kept = {name: self.__dict__.pop(name) for name in cached if name in self.__dict__}
+        for name in own:
+            setattr(self, name, None)
+        self._store = store
+
+        def restore() -> None:
+            for name in own[1:]:
+                _close(getattr(self, name))
+            for name, value in saved.items():
+                setattr(self, name, value)
+            for name in cached:
+                self.__dict__.pop(name, None)
+            self.__dict__.update(kept)
+
+        return restore
+
+
+def _close(made: Any) -> None:
+    """Stop what a store's user runs in the background (a Deduplicator, a heartbeat)."""
+    for method in ("close", "stop"):
+        stop = getattr(made, method, None)
+        if callable(stop):
+            stop()
+            return

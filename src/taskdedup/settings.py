@@ -16,6 +16,7 @@ from .suggest import did_you_mean
 OnStoreError = Literal["enqueue", "raise"]
 _SECONDS = ("default_ttl", "default_lease", "grace", "remember_finished", "idempotency_ttl")
 OnMismatch = Literal["raise", "return"]
+Eager = Literal["faithful", "bypass"]
 ENV_PREFIX = "TASKDEDUP_"
 _FLAGS = ("enabled", "dry_run", "fused_publish", "metrics")
 
@@ -48,6 +49,9 @@ class Settings:
         key's lock in the broker's own push, one round trip (Celery: by hooking kombu's Redis
         ``Channel._put``; taskiq-redis ListQueueBroker: in the kick). False: take the lock, then
         publish, as on every other layout.
+    eager: Celery's eager mode (``task_always_eager``, ``task.apply()``): "faithful" takes the
+        enqueue decision before the job runs in the caller, so a duplicate is not run, as in
+        production; "bypass" runs every call, deduplicating nothing.
     metrics: count every decision, store call and lease in Prometheus metrics on
         prometheus_client's default registry (the ``prometheus`` extra; see
         :mod:`taskdedup.metrics`).
@@ -70,6 +74,7 @@ class Settings:
     reschedule_payload_limit: int = 65536
     fused_publish: bool = True
     metrics: bool = False
+    eager: Eager = "faithful"
 
     def __post_init__(self) -> None:
         if isinstance(self.disabled_tasks, str):
@@ -85,6 +90,8 @@ class Settings:
             raise ConfigError(
                 f"on_store_error must be 'enqueue' or 'raise', not {self.on_store_error!r}"
             )
+        if self.eager not in get_args(Eager):
+            raise ConfigError(f"eager must be 'faithful' or 'bypass', not {self.eager!r}")
         if self.idempotency_on_mismatch not in get_args(OnMismatch):
             raise ConfigError(
                 "idempotency_on_mismatch must be 'raise' or 'return', "

@@ -16,9 +16,11 @@ from celery import signals
 from ..errors import ConfigError
 from ..stores import Store
 from .beat import BeatSkips, hook_scheduler
+from .eager import hook_apply
 from .publish import Publisher
 from .revoke import install_revoke_command, on_received, on_revoked
 from .state import CeleryDedup, _installed, integration_for
+from .tasks import DECLARED
 from .worker import Worker, wrap_task
 
 __all__ = ["CeleryDedup", "install", "integration_for"]
@@ -73,7 +75,18 @@ def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedu
     signals.task_revoked.connect(revoked, weak=False)
     signals.task_received.connect(received, weak=False)
     install_revoke_command()  # an ETA job a worker holds frees its key when it is revoked
+    hook_apply()  # eager mode (task_always_eager, task.apply()) deduplicates as production
+    if prepare_declared not in DECLARED:
+        DECLARED.append(prepare_declared)
     return integ
+
+
+def prepare_declared(task: Any) -> None:
+    """A policy declared on a task object: prepare it now if its app has taskdedup."""
+    app = getattr(task, "_app", None)
+    integ = None if app is None else integration_for(app)
+    if integ is not None:
+        integ.prepare(task)
 
 
 def _hook_finalize(app: Any, integ: CeleryDedup) -> None:

@@ -39,6 +39,8 @@ class Handles(Protocol):
 class CeleryDedup(Features):
     """taskdedup's state for one Celery app: settings, store, Deduplicator and hooks."""
 
+    made_from_store = ("_dedup", "_heartbeat", "_fused", "_early")
+
     def __init__(self, app: Any, store: Store | None, overrides: dict[str, Any]) -> None:
         self.app = app
         self.overrides = {k: v for k, v in overrides.items() if v is not None}

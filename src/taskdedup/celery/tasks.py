@@ -120,6 +120,18 @@ def _declare(target: Any, attr: str, function_attr: str, options: Any) -> None:
     name = getattr(target, "name", None)
     if name:
         _check(name, task_function(target), attr, options)
+        _prepare_now(target)
+
+
+#: Called with each task object a decorator declares a policy on (``install`` adds the one
+#: that prepares it when its app has taskdedup): a worker that loads the task now
+#: (``celery_worker.reload()`` in a test) must run its wrapped body.
+DECLARED: list[Callable[[Any], None]] = []
+
+
+def _prepare_now(task: Any) -> None:
+    for prepare in DECLARED:
+        prepare(task)
 
 
 def _function_of(target: Any) -> Any:

@@ -36,7 +36,12 @@ def run_checks(target: Target) -> list[Finding]:
     if any(f.check == "store" and f.level == "error" for f in found):
         return found
     found += _redis_server(target)
-    found += _policies(target)
+    return found + policy_findings(target)
+
+
+def policy_findings(target: Target) -> list[Finding]:
+    """The checks of the policies alone, which need no store (``check_policies`` in tests)."""
+    found = list(_policies(target))
     if target.app is not None:
         found += _celery(target)
     return found

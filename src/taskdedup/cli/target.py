@@ -25,6 +25,7 @@ class Target:
     policies: dict[str, TaskPolicy]  # task name -> its bound policy
     app: Any = None  # the Celery app, when the CLI was given one
     broker: Any = None  # the taskiq broker, when given one
+    dedup: Any = None  # the app's or broker's Deduplicator, when given one
 
 
 def resolve(app: str | None, broker_module: str | None, url: str | None, prefix: str) -> Target:
@@ -47,48 +48,65 @@ def resolve(app: str | None, broker_module: str | None, url: str | None, prefix:
 def _celery(name: str) -> Target:
     from celery.app.utils import find_app
 
-    from ..celery import integration_for
-    from ..celery.tasks import task_policy
-
     try:
         app = find_app(name)
     except Exception as exc:
         raise click.UsageError(f"-A {name}: could not load a Celery app ({exc})") from None
     app.loader.import_default_modules()
+    try:
+        return for_app(app)
+    except LookupError as exc:
+        raise click.UsageError(f"-A {name}: {exc}") from None
+
+
+def for_app(app: Any) -> Target:
+    """The target of a Celery app object (LookupError when taskdedup is not installed)."""
+    from ..celery import integration_for
+    from ..celery.tasks import task_policy
+
     app.finalize(auto=True)
     integ = integration_for(app)
     if integ is None:
-        raise click.UsageError(
-            f"-A {name}: taskdedup is not installed on this app; call "
-            "taskdedup.celery.install(app) where the app is made"
+        raise LookupError(
+            "taskdedup is not installed on this app; call taskdedup.celery.install(app) where "
+            "the app is made"
         )
     policies = {}
     for task in app.tasks.values():
         policy = task_policy(task, integ.settings)
         if policy is not None:
             policies[task.name] = policy
-    return Target(integ.dedup.store, integ.settings, policies, app=app)
+    return Target(integ.dedup.store, integ.settings, policies, app=app, dedup=integ.dedup)
 
 
 def _taskiq(spec: str) -> Target:
-    from ..taskiq import DedupMiddleware
-    from ..taskiq.options import declared
-
     module_name, _, attr = spec.partition(":")
     try:
         broker = getattr(importlib.import_module(module_name), attr or "broker")
     except Exception as exc:
         raise click.UsageError(f"--broker-module {spec}: could not load it ({exc})") from None
+    try:
+        return for_broker(broker)
+    except LookupError as exc:
+        raise click.UsageError(f"--broker-module {spec}: {exc}") from None
+
+
+def for_broker(broker: Any) -> Target:
+    """The target of a taskiq broker object (LookupError when it has no DedupMiddleware)."""
+    from ..taskiq import DedupMiddleware
+    from ..taskiq.options import declared
+
     found = [m for m in getattr(broker, "middlewares", []) if isinstance(m, DedupMiddleware)]
     if not found:
-        raise click.UsageError(
-            f"--broker-module {spec}: this broker has no DedupMiddleware; add it with "
+        raise LookupError(
+            "this broker has no DedupMiddleware; add it with "
             "broker.with_middlewares(DedupMiddleware(...))"
         )
     mw = found[0]
     policies = {}
     for task in broker.get_all_tasks().values():
+        mw.policies.check(task)  # a bad declaration fails here, as when the task is defined
         policy = mw.policies.resolve(task, declared(task), ())
         if policy is not None:
             policies[task.task_name] = policy
-    return Target(mw.dedup.store, mw.settings, policies, broker=broker)
+    return Target(mw.dedup.store, mw.settings, policies, broker=broker, dedup=mw.dedup)

@@ -1,0 +1,117 @@
+"""taskdedup's pytest plugin (``pip install 'taskdedup[pytest]'``; registered by entry point, so
+its fixtures are there in every test of a project that installs it).
+
+Fixtures:
+
+- ``taskdedup_store``: a store of the test's own, empty when the test starts: the in-memory
+  store on ``taskdedup_clock``, or, with ``--taskdedup-redis URL`` (or the
+  ``TASKDEDUP_TEST_REDIS_URL`` variable), a Redis store on a private key prefix whose keys are
+  deleted after the test. Nothing else on that Redis is read or written.
+- ``taskdedup_clock``: the memory store's :class:`~taskdedup.testing.FakeClock`; move time with
+  ``advance(seconds)`` (leases, ttls and throttles follow it). A test that asks for it is
+  skipped when the store is Redis, whose clock no test can move.
+- ``taskdedup_install``: ``taskdedup_install(app_or_broker)`` puts taskdedup on a Celery app or a
+  taskiq broker for this test, on ``taskdedup_store``: installed if it is not yet, or moved to
+  the test's store if it is (an app module that calls ``install(app)`` at import); it is moved
+  back after the test. The app's own ``taskdedup_*`` settings (or the middleware's) apply.
+
+They compose with Celery's in-process fixtures (``celery_app``, ``celery_worker``,
+``celery_config``; pytest-celery enables them, or ``-p celery.contrib.pytest``): install on
+``celery_app`` before the worker starts by listing ``taskdedup_celery_app`` (``celery_app``
+with taskdedup installed) before ``celery_worker``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from ..stores.base import Store
+from ..stores.memory import MemoryStore
+from .clock import FakeClock
+
+ENV = "TASKDEDUP_TEST_REDIS_URL"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("taskdedup")
+    group.addoption(
+        "--taskdedup-redis",
+        default=None,
+        metavar="URL",
+        help=f"run taskdedup's fixtures on this Redis (a private key prefix per test, deleted "
+        f"after it) instead of the in-memory store; default: ${ENV}",
+    )
+
+
+def _redis_url(config: pytest.Config) -> str | None:
+    return config.getoption("--taskdedup-redis") or os.environ.get(ENV) or None
+
+
+@pytest.fixture
+def taskdedup_clock(request: pytest.FixtureRequest) -> FakeClock:
+    if _redis_url(request.config):
+        pytest.skip("taskdedup_clock moves the in-memory store's time; the store is Redis")
+    return FakeClock()
+
+
+@pytest.fixture
+def taskdedup_store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    prefix = f"tdtest-{uuid.uuid4().hex[:12]}"
+    url = _redis_url(request.config)
+    if url is None:
+        clock = request.getfixturevalue("taskdedup_clock")
+        yield MemoryStore(key_prefix=prefix, clock=clock)
+        return
+    from ..stores.redis import RedisStore
+
+    store = RedisStore.from_url(url, key_prefix=prefix)
+    try:
+        yield store
+    finally:
+        client = store.client
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            client.unlink(key)
+        store.close()
+
+
+@pytest.fixture
+def taskdedup_install(taskdedup_store: Store) -> Iterator[Callable[[Any], Any]]:
+    undo: list[Callable[[], None]] = []
+
+    def install_on(app_or_broker: Any) -> Any:
+        """Put taskdedup on ``app_or_broker`` for this test; returns it."""
+        undo.append(use_store(app_or_broker, taskdedup_store))
+        return app_or_broker
+
+    yield install_on
+    for restore in reversed(undo):
+        restore()
+
+
+@pytest.fixture
+def taskdedup_celery_app(celery_app: Any, taskdedup_install: Callable[[Any], Any]) -> Any:
+    """Celery's ``celery_app`` fixture with taskdedup installed on ``taskdedup_store``."""
+    return taskdedup_install(celery_app)
+
+
+def use_store(app_or_broker: Any, store: Store) -> Callable[[], None]:
+    """Install taskdedup on ``app_or_broker`` if needed and move it to ``store``; returns what
+    moves it back (and takes out a middleware added here)."""
+    if hasattr(app_or_broker, "get_all_tasks"):  # a taskiq broker
+        from ..taskiq import DedupMiddleware
+
+        found = [m for m in app_or_broker.middlewares if isinstance(m, DedupMiddleware)]
+        if found:
+            return found[0].use_store(store)
+        added = DedupMiddleware(store)
+        app_or_broker.add_middlewares(added)
+        return lambda: app_or_broker.middlewares.remove(added)
+    from ..celery import install, integration_for
+
+    integ = integration_for(app_or_broker) or install(app_or_broker)
+    return integ.use_store(store)

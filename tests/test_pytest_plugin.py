@@ -1,0 +1,108 @@
+"""taskdedup's pytest plugin and testing helpers, as a user's test suite meets them: the
+fixtures with Celery's in-process ones and on a real Redis, faithful eager mode, and the
+helpers failing where they should."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from taskdedup.celery import deduplicate
+from taskdedup.testing import assert_deduplicated, assert_not_deduplicated, check_policies
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+    )
+
+
+def test_the_fixtures_compose_with_celerys_in_process_fixtures() -> None:
+    case = ROOT / "tests" / "plugin_cases" / "case_celery_fixtures.py"
+    done = run_pytest("-p", "celery.contrib.pytest", str(case))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+def test_the_example_project_passes_on_redis_and_leaves_no_key(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    before = set(client.scan_iter(match="tdtest-*", count=1000))
+    done = run_pytest("--taskdedup-redis", redis_url, "examples/shop")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "passed" in done.stdout and "1 skipped" in done.stdout  # the fake clock's test
+    assert set(client.scan_iter(match="tdtest-*", count=1000)) == before
+    client.close()
+
+
+@pytest.fixture
+def shop(taskdedup_install: Any) -> Celery:
+    app = Celery("eager-shop", broker="memory://", set_as_current=False)
+    app.conf.task_always_eager = True
+    return taskdedup_install(app)  # type: ignore[no-any-return]
+
+
+def test_eager_mode_deduplicates_a_nested_submission_as_a_worker_would(shop: Celery) -> None:
+    inner: list[Any] = []
+
+    @deduplicate("until_executed")
+    @shop.task(name="eager.build", bind=True, shared=False)
+    def build(self: Any, sha: str) -> str:
+        if not inner:
+            inner.append(build.delay(sha))  # submitted again while it runs
+        return sha
+
+    first = build.delay("abc")
+    assert first.get() == "abc"
+    assert_deduplicated(first, inner[0])
+    assert_not_deduplicated(first, build.delay("abc"))  # it ended and let go: runs again
+
+
+def test_eager_bypass_runs_every_call(taskdedup_install: Any) -> None:
+    app = Celery("eager-bypass", broker="memory://", set_as_current=False)
+    app.conf.update(task_always_eager=True, taskdedup_eager="bypass")
+    taskdedup_install(app)
+    runs: list[str] = []
+
+    @deduplicate("until_expired", ttl=3600)
+    @app.task(name="eager.report", shared=False)
+    def report() -> None:
+        runs.append("ran")
+
+    assert_not_deduplicated(report.delay(), report.delay())
+    assert runs == ["ran", "ran"]
+
+
+def test_check_policies_names_each_problem(taskdedup_install: Any) -> None:
+    app = Celery("policies", broker="memory://", set_as_current=False)
+    taskdedup_install(app)
+
+    @deduplicate("until_executed", ttl=10, lease=60)
+    @app.task(name="policies.slow", acks_late=True, shared=False)
+    def slow() -> None: ...
+
+    with pytest.raises(AssertionError, match=r"policies\.slow: lease 60s is longer than ttl 10s"):
+        check_policies(app)
+
+    short = Celery("short-visibility", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    short.conf.broker_transport_options = {"visibility_timeout": 5}  # read, never connected
+    taskdedup_install(short)
+
+    @deduplicate("until_executed", lease=10)
+    @short.task(name="policies.long", acks_late=True, time_limit=60, shared=False)
+    def long() -> None: ...
+
+    with pytest.raises(AssertionError, match="visibility_timeout"):
+        check_policies(short)
+    assert "policies.long" in check_policies(short, ignore=["visibility"])

@@ -18,7 +18,6 @@ from taskdedup import (
     StoreUnavailable,
 )
 from taskdedup.stores.base import Op, Release, Store
-from taskdedup.testing import FakeClock
 
 
 def send_email(user_id: int, template: str = "welcome") -> None: ...
@@ -29,10 +28,11 @@ def make(strategy: str = "until_executed", **kw: Any) -> Any:
 
 
 @pytest.fixture
-def dedup() -> Deduplicator:
-    # grace >= ttl: locks need no publish confirmation here (as with the fused Redis push);
-    # waiting for one is tested on its own below
-    return Deduplicator(MemoryStore(clock=FakeClock()), Settings(grace=86400))
+def dedup(taskdedup_store: Store) -> Deduplicator:
+    # taskdedup's own pytest plugin: the in-memory store on a fake clock, or Redis with
+    # --taskdedup-redis. grace >= ttl: locks need no publish confirmation here (as with the
+    # fused Redis push); waiting for one is tested on its own below
+    return Deduplicator(taskdedup_store, Settings(grace=86400))
 
 
 def test_a_duplicate_gets_the_holders_job_and_equal_calls_share_a_key(dedup: Deduplicator) -> None:

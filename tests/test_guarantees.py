@@ -195,9 +195,9 @@ def test_a_shorter_lease_added_while_the_heartbeat_waits_is_renewed_in_time(
         beat.stop()
 
 
-def test_g4_core_with_a_fake_clock() -> None:
-    clock = FakeClock()
-    dedup = Deduplicator(MemoryStore(clock=clock))
+def test_g4_core_with_a_fake_clock(taskdedup_store: Store, taskdedup_clock: FakeClock) -> None:
+    clock = taskdedup_clock  # the plugin's: the in-memory store runs on it
+    dedup = Deduplicator(taskdedup_store)
     policy = Policy("until_executed", lease=30).bind("ci.build", build)
     t = dedup.enqueue(policy, (1,), job_id="A")
     assert t.key is not None

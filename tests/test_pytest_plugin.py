@@ -106,3 +106,15 @@ def test_check_policies_names_each_problem(taskdedup_install: Any) -> None:
     with pytest.raises(AssertionError, match="visibility_timeout"):
         check_policies(short)
     assert "policies.long" in check_policies(short, ignore=["visibility"])
+
+
+def test_a_memory_store_kept_across_tests_can_be_emptied() -> None:
+    from taskdedup import Deduplicator, MemoryStore, Policy
+
+    store = MemoryStore()
+    dedup = Deduplicator(store)
+    policy = Policy("until_executed").bind("ci.build", lambda sha: None)
+    dedup.published(dedup.enqueue(policy, ("abc",)))
+    assert dedup.enqueue(policy, ("abc",)).deduplicated
+    store.clear()
+    assert store.names() == [] and dedup.enqueue(policy, ("abc",)).acquired

@@ -67,6 +67,11 @@ class MemoryStore(RecordStore):
         with self._mutex:
             return work(_DictRecords(self._records, self.prefix, self.clock))
 
+    def clear(self) -> None:
+        """Forget every record (a test that keeps one store between tests starts empty)."""
+        with self._mutex:
+            self._records.clear()
+
     def ttl_ms(self, name: str) -> int | None:
         """Remaining life of a raw record (tests use it to check G9); None if absent."""
         return self.transact(lambda r: None if r.get(name) is None else r.ttl(name))

@@ -96,6 +96,8 @@ def test_the_startup_line_hides_the_store_password() -> None:
     line = summary(Settings(dry_run=True), store, {})
     assert "s3cret" not in line and "redis://app:***@db.internal:6380/2" in line
     assert "DRY RUN" in line and "0 deduplicated tasks" in line
+    query = RedisStore.from_url("redis://db.internal:6379/0?password=s3cret&socket_timeout=3")
+    assert "s3cret" not in summary(Settings(), query, {})
 
 
 class Recording(DedupMiddleware):

@@ -118,3 +118,54 @@ def test_a_memory_store_kept_across_tests_can_be_emptied() -> None:
     assert dedup.enqueue(policy, ("abc",)).deduplicated
     store.clear()
     assert store.names() == [] and dedup.enqueue(policy, ("abc",)).acquired
+
+
+def test_an_eager_retry_runs_again_under_its_lock(shop: Celery) -> None:
+    tries: list[int] = []
+
+    @deduplicate("until_executed")
+    @shop.task(name="eager.flaky", bind=True, max_retries=2, shared=False)
+    def flaky(self: Any, x: int) -> str:
+        tries.append(self.request.retries)
+        if len(tries) < 2:
+            raise self.retry(countdown=0)
+        return "ok"
+
+    result = flaky.delay(1)
+    assert (result.state, result.result, tries) == ("SUCCESS", "ok", [0, 1])
+    assert_not_deduplicated(result, flaky.delay(1))  # it ended: its key is free again
+
+
+def test_a_taskiq_broker_moved_to_a_new_store_renews_and_frees_locks_there() -> None:
+    import asyncio
+
+    from taskiq import InMemoryBroker
+
+    from taskdedup import MemoryStore
+    from taskdedup.taskiq import DedupMiddleware
+    from taskdedup.testing.plugin import use_store
+
+    broker = InMemoryBroker().with_middlewares(DedupMiddleware(MemoryStore()))
+
+    @broker.task(task_name="moved.build", deduplicate={"strategy": "until_executed", "lease": 0.3})
+    async def build(sha: str) -> str:
+        await asyncio.sleep(1.0)  # three leases: only the heartbeat keeps the lock
+        return sha
+
+    async def two_tests() -> None:  # in one event loop, as with pytest-asyncio's shared loop
+        await broker.startup()
+        for _ in range(2):  # each test on its own store
+            restore = use_store(broker, MemoryStore())
+            try:
+                first = await build.kiq("abc")
+                await asyncio.sleep(0.7)  # two leases into the run
+                assert_deduplicated(first, await build.kiq("abc"))  # renewed in this store
+                assert (await first.wait_result(timeout=10)).return_value == "abc"
+                again = await build.kiq("abc")  # the job ended: its key is free in this store
+                assert_not_deduplicated(first, again)
+                await broker.wait_all()
+            finally:
+                restore()
+        await broker.shutdown()
+
+    asyncio.run(asyncio.wait_for(two_tests(), 30))

@@ -74,7 +74,18 @@ def _thread_of_this_process(batcher: Any, name: str, at_exit: Any) -> None:
     batcher._pid = os.getpid()
     batcher._thread = threading.Thread(target=batcher._loop, name=name, daemon=True)
     batcher._thread.start()
-    atexit.register(at_exit)
+    if not getattr(batcher, "_flushed_at_exit", False):  # (a forked child inherits it)
+        atexit.register(at_exit)
+        batcher._flushed_at_exit = True
+
+
+def _stop_thread(batcher: Any) -> None:
+    """End ``batcher``'s daemon thread, whose loop runs while it is ``batcher._thread``; the
+    next use starts another (:func:`_thread_of_this_process`)."""
+    thread, batcher._thread, batcher._pid = batcher._thread, None, 0
+    batcher._wake.set()
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(5.0)
 
 
 class _Leases:
@@ -407,9 +418,18 @@ class Releaser:
             log.info("taskdedup: %d release(s) missed while the store was down are done", taken)
         return taken
 
+    def stop(self) -> None:
+        """One last try for what is pending, then end the thread (a later release starts it
+        again; what the store did not take stays pending for it)."""
+        self.flush()
+        _stop_thread(self)
+
     def _loop(self) -> None:
-        while True:
+        me = threading.current_thread()
+        while self._thread is me:
             self._wake.wait()
+            if self._thread is not me:
+                return
             time.sleep(self.interval)
             self.flush()
             with self._mutex:
@@ -458,9 +478,17 @@ class LateReplies:
             except Exception:  # a reply that cannot be read must not stop the others
                 log.exception("taskdedup: could not read a store reply")
 
+    def stop(self) -> None:
+        """Read what is unread and end the thread (a later call written late starts it)."""
+        self.read()
+        _stop_thread(self)
+
     def _loop(self) -> None:
-        while True:
+        me = threading.current_thread()
+        while self._thread is me:
             self._wake.wait()
+            if self._thread is not me:
+                return
             time.sleep(self.interval)  # the worker's next job usually reads them first
             self._wake.clear()
             self.read()

@@ -67,7 +67,11 @@ class Callbacks:
             self._call(getattr(self, f"on_{event.kind}"), event)
 
     def _call(self, callback: Any, event: Decision) -> None:
-        result = callback(event)
+        try:
+            result = callback(event)
+        except Exception:  # one callback failing must not keep the next from running
+            log.exception("taskdedup: %s failed for %s %s", callback, event.decision, event.outcome)
+            return
         if inspect.isawaitable(result):
             try:
                 loop = asyncio.get_running_loop()

@@ -220,9 +220,11 @@ class Runner:
             raise exc
 
     def close(self) -> None:
-        """Flush pending confirmations, read late replies and stop background work."""
+        """Flush pending confirmations, read late replies, try pending releases once more and
+        stop the background threads (a later use starts them again)."""
         self.confirmer.stop()
-        self.late.read()
+        self.late.stop()
+        self.releaser.stop()
 
 
 class Deduplicator(Runner):
@@ -362,8 +364,11 @@ class Deduplicator(Runner):
             renewed = sum(reply)
             with self._stats_lock:
                 self.stats["heartbeat.renewed"] += renewed
-            if renewed and (self.listeners or events.everywhere):
-                self.tell(events.Decision("heartbeat", "renewed", "*", fields={"count": renewed}))
+            if renewed and events.everywhere:  # (the metrics; not users' listeners, whose
+                # slowness would hold up the next renewal on the heartbeat's own thread)
+                events.everywhere.send(
+                    events.Decision("heartbeat", "renewed", "*", fields={"count": renewed})
+                )
         return reply
 
     def lease_lost(self, lease: Lease) -> None:

@@ -1,13 +1,13 @@
-"""The one line each process logs when taskdedup starts working in it: what store, which
-switches, which tasks under which strategy. It answers "is it on, and against what?" from a
-worker's log without a shell on the host."""
+"""The one line an app or broker logs when taskdedup starts working for it in a process: what
+store, which switches, which tasks under which strategy. It answers "is it on, and against
+what?" from a worker's log without a shell on the host."""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
 from collections.abc import Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .policy import TaskPolicy
 from .settings import Settings
@@ -49,6 +49,10 @@ def describe(store: Store) -> str:
         user = parts.username or ""
         netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
         parts = parts._replace(netloc=netloc)
+    if parts.query:  # redis-py also takes ?password=...
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        hidden = [(k, "***" if k.lower() == "password" else v) for k, v in query]
+        parts = parts._replace(query=urlencode(hidden, safe="*"))
     return str(urlunsplit(parts))
 
 

@@ -3,21 +3,25 @@ runs the job in the caller and never publishes, so without this a test would pas
 production deduplicates otherwise. A deduplicated task's ``apply`` takes the enqueue decision
 first, as a publish would: a duplicate is not run and gets a handle to the job that holds its
 key (``.deduplicated``, no result: the result is the holder's); a new call runs, through the
-worker's claim and finish. The ``eager`` setting's ``bypass`` gives the old behaviour back.
+worker's claim and finish; a retry (``self.retry()`` applies again) keeps the lock, as a
+published retry does. Idempotency keys, reservation caps and the following of canvas members
+are taken where a message is published, so eager mode does not apply them (README). The
+``eager`` setting's ``bypass`` gives the old behaviour back.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from celery import Task, states
 from celery.result import EagerResult
 
 from .messages import add_key
-from .publish import plan_call
+from .publish import plan_call, publish_retry
 from .state import integration_for
-from .tasks import task_policy
+from .tasks import task_limits, task_policy
 
 
 def hook_apply() -> None:
@@ -34,6 +38,14 @@ def hook_apply() -> None:
         if integ is None or policy is None or integ.settings.eager != "faithful":
             return original(task, args, kwargs, **options)
         integ.prepare(task)  # its run claims and finishes, as on a worker
+        if options.get("retries") and options.get("task_id"):  # Task.retry, eager: apply again
+            again = SimpleNamespace(
+                integration=integ, original=lambda _, a, k, **o: original(task, a, k, **o)
+            )  # a retry keeps its lock under the same id (G6), as publish_retry does
+            limits = task_limits(task)
+            return publish_retry(
+                cast(Any, again), task, policy, limits, task.name, args, kwargs, options
+            )
         dedup = integ.dedup
         _, plan = plan_call(integ, task, policy, args, kwargs, options)
         ticket = dedup.settle(plan)

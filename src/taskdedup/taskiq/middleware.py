@@ -10,6 +10,7 @@ store, Deduplicator, policies) in ``state.py``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from taskiq.message import TaskiqMessage
@@ -46,6 +47,19 @@ class DedupMiddleware(DedupState):
 
     def retried(self, job_id: str, attempt: int) -> None:
         self.worker.retried(job_id, attempt)
+
+    def use_store(self, store: Store) -> Callable[[], None]:
+        """:meth:`Features.use_store`, and the worker's heartbeat and the producer's answer
+        about the fused kick, which were made from the store too."""
+        restore_state = super().use_store(store)
+        saved = self.worker._heartbeat, self.producer._fusable_broker
+        self.worker._heartbeat, self.producer._fusable_broker = None, None
+
+        def restore() -> None:
+            restore_state()
+            self.worker._heartbeat, self.producer._fusable_broker = saved
+
+        return restore
 
     # ------------------------------------------------------------------ taskiq hooks
 

@@ -11,9 +11,11 @@ Fixtures:
   ``advance(seconds)`` (leases, ttls and throttles follow it). A test that asks for it is
   skipped when the store is Redis, whose clock no test can move.
 - ``taskdedup_install``: ``taskdedup_install(app_or_broker)`` puts taskdedup on a Celery app or a
-  taskiq broker for this test, on ``taskdedup_store``: installed if it is not yet, or moved to
-  the test's store if it is (an app module that calls ``install(app)`` at import); it is moved
-  back after the test. The app's own ``taskdedup_*`` settings (or the middleware's) apply.
+  taskiq broker for this test, on ``taskdedup_store``: an app or broker that has it (an app
+  module that calls ``install(app)`` at import) is moved to the test's store and back after the
+  test; one that has not gets it installed for good (Celery's ``install``, or a
+  ``DedupMiddleware`` added), each later test moving it to its own store. The app's own
+  ``taskdedup_*`` settings (or the middleware's) apply.
 
 They compose with Celery's in-process fixtures (``celery_app``, ``celery_worker``,
 ``celery_config``; pytest-celery enables them, or ``-p celery.contrib.pytest``): install on
@@ -106,11 +108,10 @@ def use_store(app_or_broker: Any, store: Store) -> Callable[[], None]:
         from ..taskiq import DedupMiddleware
 
         found = [m for m in app_or_broker.middlewares if isinstance(m, DedupMiddleware)]
-        if found:
-            return found[0].use_store(store)
-        added = DedupMiddleware(store)
-        app_or_broker.add_middlewares(added)
-        return lambda: app_or_broker.middlewares.remove(added)
+        if not found:  # it stays (a middleware cannot be taken out of a broker whole)
+            found = [DedupMiddleware()]
+            app_or_broker.add_middlewares(found[0])
+        return found[0].use_store(store)
     from ..celery import install, integration_for
 
     integ = integration_for(app_or_broker) or install(app_or_broker)

@@ -140,9 +140,9 @@ def timed(operation: str, call: Callable[..., R], *args: Any) -> R:
     try:
         result = call(*args)
     except StoreUnavailable:
-        store_calls.send(StoreCall(operation, time.perf_counter() - began, True))
+        _took(operation, began, failed=True)
         raise
-    store_calls.send(StoreCall(operation, time.perf_counter() - began))
+    _took(operation, began)
     return result
 
 
@@ -154,10 +154,14 @@ async def atimed(operation: str, call: Callable[..., Awaitable[R]], *args: Any) 
     try:
         result = await call(*args)
     except StoreUnavailable:
-        store_calls.send(StoreCall(operation, time.perf_counter() - began, True))
+        _took(operation, began, failed=True)
         raise
-    store_calls.send(StoreCall(operation, time.perf_counter() - began))
+    _took(operation, began)
     return result
+
+
+def _took(operation: str, began: float, *, failed: bool = False) -> None:
+    store_calls.send(StoreCall(operation, time.perf_counter() - began, failed))
 
 
 def timed_as(operation: str) -> Callable[[Callable[..., R]], Callable[..., R]]:

@@ -4,6 +4,7 @@ reservation guard, each made on first use over the same store and settings."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,8 @@ from .stores.base import Store
 class Features:
     """Mixed into an adapter's state, which provides :attr:`dedup` (made from ``_store``)."""
 
-    #: The attributes an adapter's state makes from its store (each made again when None).
+    #: The attributes an adapter's state makes from its store, its own or its parts' ("a.b"):
+    #: each is made again when None.
     made_from_store: tuple[str, ...] = ("_dedup",)
     _store: Store | None
 
@@ -36,19 +38,18 @@ class Features:
         """Work on ``store`` from now until the returned function is called, which puts the
         store back as it was (the pytest plugin: one store per test, for an app or a broker
         that lives across tests). What was made from the store is made again from ``store``."""
-        own = ("_store", *self.made_from_store)
         cached = ("idempotency", "reservations")
-        saved = {name: getattr(self, name) for name in own}
+        saved = {path: _get(self, path) for path in ("_store", *self.made_from_store)}
         kept = {name: self.__dict__.pop(name) for name in cached if name in self.__dict__}
-        for name in own:
-            setattr(self, name, None)
+        for path in self.made_from_store:
+            _set(self, path, None)
         self._store = store
 
         def restore() -> None:
-            for name in own[1:]:
-                _close(getattr(self, name))
-            for name, value in saved.items():
-                setattr(self, name, value)
+            for path in self.made_from_store:
+                _close(_get(self, path))
+            for path, value in saved.items():
+                _set(self, path, value)
             for name in cached:
                 self.__dict__.pop(name, None)
             self.__dict__.update(kept)
@@ -56,10 +57,27 @@ class Features:
         return restore
 
 
+def _get(owner: Any, path: str) -> Any:
+    """The attribute at ``path`` ("_dedup", or "worker._heartbeat" on a part of ``owner``)."""
+    for name in path.split("."):
+        owner = getattr(owner, name)
+    return owner
+
+
+def _set(owner: Any, path: str, value: Any) -> None:
+    *parts, name = path.split(".")
+    for part in parts:
+        owner = getattr(owner, part)
+    setattr(owner, name, value)
+
+
 def _close(made: Any) -> None:
-    """Stop what a store's user runs in the background (a Deduplicator, a heartbeat)."""
+    """Stop what a store's user runs in the background (a Deduplicator, a heartbeat); the
+    stop of an asyncio heartbeat cannot be awaited here (its loop is the test's, gone)."""
     for method in ("close", "stop"):
         stop = getattr(made, method, None)
         if callable(stop):
-            stop()
+            result = stop()
+            if inspect.iscoroutine(result):
+                result.close()
             return

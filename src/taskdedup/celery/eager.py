@@ -12,8 +12,7 @@ are taken where a message is published, so eager mode does not apply them (READM
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 from celery import Task, states
 from celery.result import EagerResult
@@ -39,12 +38,16 @@ def hook_apply() -> None:
             return original(task, args, kwargs, **options)
         integ.prepare(task)  # its run claims and finishes, as on a worker
         if options.get("retries") and options.get("task_id"):  # Task.retry, eager: apply again
-            again = SimpleNamespace(
-                integration=integ, original=lambda _, a, k, **o: original(task, a, k, **o)
-            )  # a retry keeps its lock under the same id (G6), as publish_retry does
-            limits = task_limits(task)
-            return publish_retry(
-                cast(Any, again), task, policy, limits, task.name, args, kwargs, options
+            return publish_retry(  # a retry keeps its lock under the same id (G6)
+                integ,
+                lambda _, a, k, **o: original(task, a, k, **o),
+                task,
+                policy,
+                task_limits(task),
+                task.name,
+                args,
+                kwargs,
+                options,
             )
         dedup = integ.dedup
         _, plan = plan_call(integ, task, policy, args, kwargs, options)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 from kombu.utils.uuid import uuid
@@ -76,7 +77,8 @@ def plan_call(
 
 
 def publish_retry(
-    publisher: Publisher,
+    integ: CeleryDedup,
+    publish: Callable[..., Any],
     task: Any,
     policy: TaskPolicy | None,
     limits: ReservePolicy | None,
@@ -86,8 +88,8 @@ def publish_retry(
     options: dict[str, Any],
 ) -> Any:
     """A retry keeps its lock and its slot under the same id (G6); once it is published, its
-    lock and its job's record learn so (G11)."""
-    integ = publisher.integration
+    lock and its job's record learn so (G11). ``publish(name, args, kwargs, **options)``
+    sends it: Celery's own send_task, or (eager mode) the task's own apply."""
     headers = options.get("headers") or {}
     call = Call(
         name,
@@ -107,7 +109,7 @@ def publish_retry(
     )
     if taken.key is not None:
         add_key(taken.key, options)
-    result = publisher.original(name, args, kwargs, **options)
+    result = publish(name, args, kwargs, **options)
     published(integ.dedup, integ.idempotency, taken)
     return result
 
@@ -142,7 +144,9 @@ class Publisher:
             limits = None
         retries = options.get("retries") or 0
         if retries and options.get("task_id"):  # Task.retry: same id, keeps its lock (G6)
-            return publish_retry(self, task, policy, limits, name, args, kwargs, options)
+            return publish_retry(
+                integ, self.original, task, policy, limits, name, args, kwargs, options
+            )
         if member:
             if policy is None or idempotency_key is not None:
                 return self.original(name, args, kwargs, **options)

@@ -103,18 +103,22 @@ class CeleryDedup(Features):
                     store = self._store or store_for_app(self.app, self.settings)
                     dedup = Deduplicator(store, self.settings)
                     dedup.listeners.add(signals.send)
-                    announce(self.settings, store, self._policies())
+                    announce(self.settings, store, self.bound_policies())
                     self._dedup = dedup
         return self._dedup
 
-    def _policies(self) -> dict[str, TaskPolicy]:
-        """The bound policies of the app's tasks so far (for the startup line)."""
+    def bound_policies(self, *, strict: bool = False) -> dict[str, TaskPolicy]:
+        """The bound policies of the app's tasks so far, by task name (the startup line, the
+        CLI, check_policies). ``strict``: a bad declaration raises its ConfigError; else it
+        is left out (it is reported where the task is checked)."""
         found = {}
         for task in list(self.app._tasks.values()):
             try:
                 policy = task_policy(task, self.settings)
             except ConfigError:
-                continue  # reported where the task is checked
+                if strict:
+                    raise
+                continue
             if policy is not None:
                 found[task.name] = policy
         return found

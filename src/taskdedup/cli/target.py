@@ -62,7 +62,6 @@ def _celery(name: str) -> Target:
 def for_app(app: Any) -> Target:
     """The target of a Celery app object (LookupError when taskdedup is not installed)."""
     from ..celery import integration_for
-    from ..celery.tasks import task_policy
 
     app.finalize(auto=True)
     integ = integration_for(app)
@@ -71,11 +70,7 @@ def for_app(app: Any) -> Target:
             "taskdedup is not installed on this app; call taskdedup.celery.install(app) where "
             "the app is made"
         )
-    policies = {}
-    for task in app.tasks.values():
-        policy = task_policy(task, integ.settings)
-        if policy is not None:
-            policies[task.name] = policy
+    policies = integ.bound_policies(strict=True)
     return Target(integ.dedup.store, integ.settings, policies, app=app, dedup=integ.dedup)
 
 
@@ -94,7 +89,6 @@ def _taskiq(spec: str) -> Target:
 def for_broker(broker: Any) -> Target:
     """The target of a taskiq broker object (LookupError when it has no DedupMiddleware)."""
     from ..taskiq import DedupMiddleware
-    from ..taskiq.options import declared
 
     found = [m for m in getattr(broker, "middlewares", []) if isinstance(m, DedupMiddleware)]
     if not found:
@@ -103,10 +97,5 @@ def for_broker(broker: Any) -> Target:
             "broker.with_middlewares(DedupMiddleware(...))"
         )
     mw = found[0]
-    policies = {}
-    for task in broker.get_all_tasks().values():
-        mw.policies.check(task)  # a bad declaration fails here, as when the task is defined
-        policy = mw.policies.resolve(task, declared(task), ())
-        if policy is not None:
-            policies[task.task_name] = policy
+    policies = mw.bound_policies(strict=True)  # a bad declaration fails here, as at definition
     return Target(mw.dedup.store, mw.settings, policies, broker=broker, dedup=mw.dedup)

@@ -10,7 +10,6 @@ store, Deduplicator, policies) in ``state.py``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from taskiq.message import TaskiqMessage
@@ -35,6 +34,9 @@ class DedupMiddleware(DedupState):
     ``TASKDEDUP_*`` environment variables win over them.
     """
 
+    #: (the worker's heartbeat and the producer's answer about the fused kick too)
+    made_from_store = ("_dedup", "worker._heartbeat", "producer._fusable_broker")
+
     def __init__(self, store_or_url: Store | str | None = None, **settings: Any) -> None:
         super().__init__(store_or_url, **settings)
         self.producer = Producer(self)
@@ -47,19 +49,6 @@ class DedupMiddleware(DedupState):
 
     def retried(self, job_id: str, attempt: int) -> None:
         self.worker.retried(job_id, attempt)
-
-    def use_store(self, store: Store) -> Callable[[], None]:
-        """:meth:`Features.use_store`, and the worker's heartbeat and the producer's answer
-        about the fused kick, which were made from the store too."""
-        restore_state = super().use_store(store)
-        saved = self.worker._heartbeat, self.producer._fusable_broker
-        self.worker._heartbeat, self.producer._fusable_broker = None, None
-
-        def restore() -> None:
-            restore_state()
-            self.worker._heartbeat, self.producer._fusable_broker = saved
-
-        return restore
 
     # ------------------------------------------------------------------ taskiq hooks
 

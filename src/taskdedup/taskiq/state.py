@@ -43,19 +43,25 @@ class DedupState(TaskiqMiddleware, Features, Callbacks):
         if self._dedup is None:
             dedup = Deduplicator(self._store or self._default_store(), self.settings)
             dedup.listeners.add(self._tell)
-            announce(self.settings, dedup.store, self._declared())
+            announce(self.settings, dedup.store, self.bound_policies())
             self._dedup = dedup
         return self._dedup
 
-    def _declared(self) -> dict[str, TaskPolicy]:
-        """The bound policies of the broker's tasks (for the startup line)."""
+    def bound_policies(self, *, strict: bool = False) -> dict[str, TaskPolicy]:
+        """The bound policies of the broker's tasks, by task name (the startup line, the CLI,
+        check_policies). ``strict``: a bad declaration or label raises its ConfigError; else
+        it is left out (it is reported where the task is checked)."""
         found = {}
         tasks: dict[str, Any] = getattr(getattr(self, "broker", None), "get_all_tasks", dict)()
         for name, task in tasks.items():
             try:
+                if strict:
+                    self.policies.check(task)
                 policy = self.policies.resolve(task, declared(task), ())
             except ConfigError:
-                continue  # reported where the task is checked
+                if strict:
+                    raise
+                continue
             if policy is not None:
                 found[name] = policy
         return found

@@ -124,11 +124,16 @@ def test_locks_and_stats_from_a_bare_url(redis_url: str, key_prefix: str) -> Non
     short = dedup.enqueue(brief, ("x",), job_id="job-3")
     dedup.published(short)
     dedup.confirmer.flush()
+    live = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", short.key or "")
+    assert "accepted: job-3 took the key (ci.brief)" in live.stdout  # told by the lock
+    assert dedup.enqueue(brief, ("x",), job_id="job-4").deduplicated
     store = dedup.store
     wait_for(lambda: store.run(Inspect(short.key or "")) is None, 5, "the lock's ttl to end")
     lapsed = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", short.key or "")
     assert "free: its ttl or lease ran out after the last decision (expired)" in lapsed.stdout
-    assert "accepted: job-3 took the key (ci.brief)" in lapsed.stdout
+    assert "deduplicated: the submission job-4 was answered with job-3" in lapsed.stdout
+    unused = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", "never-used")
+    assert unused.returncode != 0  # no key, no job, no task of that name
     dedup.close()
 
 

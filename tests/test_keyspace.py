@@ -55,30 +55,6 @@ def test_a_lock_without_a_ttl_gets_one_at_the_next_submission(
         dedup.close()
 
 
-def test_a_garbled_fence_counter_is_seeded_again_and_tokens_still_rise(
-    redis_url: str, key_prefix: str
-) -> None:
-    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
-    dedup = Deduplicator(store)
-    key = POLICY.key_for(("ghi",))
-    (fence_name,) = store.calls.names(key, "fence")
-    client = redis.Redis.from_url(redis_url)
-    try:
-        first = dedup.enqueue(POLICY, ("ghi",))
-        dedup.publish_failed(first)  # the key is free again; its counter stays
-        client.set(fence_name, "garbage", keepttl=True)
-        second = dedup.enqueue(POLICY, ("ghi",))
-        assert second.acquired and second.fence > first.fence
-        dedup.publish_failed(second)
-        client.delete(fence_name)
-        client.hset(fence_name, "x", "1")  # not even a string
-        third = dedup.enqueue(POLICY, ("ghi",))
-        assert third.acquired and third.fence > second.fence
-    finally:
-        client.close()
-        dedup.close()
-
-
 def test_an_idempotency_record_without_a_ttl_gets_one_at_the_next_use(
     redis_url: str, key_prefix: str
 ) -> None:

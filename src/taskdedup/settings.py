@@ -18,7 +18,7 @@ _SECONDS = ("default_ttl", "default_lease", "grace", "remember_finished", "idemp
 OnMismatch = Literal["raise", "return"]
 Eager = Literal["faithful", "bypass"]
 ENV_PREFIX = "TASKDEDUP_"
-_FLAGS = ("enabled", "dry_run", "fused_publish", "metrics")
+_FLAGS = ("enabled", "dry_run", "fused_publish", "metrics", "history")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,11 @@ class Settings:
     eager: Celery's eager mode (``task_always_eager``, ``task.apply()``): "faithful" takes the
         enqueue decision before the job runs in the caller, so a duplicate is not run, as in
         production; "bypass" runs every call, deduplicating nothing.
+    history: keep each key's decision history for ``taskdedup explain`` (True, the default):
+        what a person asks about (a duplicate, a wait, a dropped copy, a retry, a hand-off, a
+        lock freed or unlocked), at most 20 entries a key, kept a day after the last. The
+        ordinary life of a job is not written there: explain reads it from the lock and the
+        job's record. False writes no history at all.
     metrics: count every decision, store call and lease in Prometheus metrics on
         prometheus_client's default registry (the ``prometheus`` extra; see
         :mod:`taskdedup.metrics`).
@@ -74,6 +79,7 @@ class Settings:
     reschedule_payload_limit: int = 65536
     fused_publish: bool = True
     metrics: bool = False
+    history: bool = True
     eager: Eager = "faithful"
 
     def __post_init__(self) -> None:

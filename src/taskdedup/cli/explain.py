@@ -1,8 +1,11 @@
 """``taskdedup explain``: what was decided for a key and why, most recent first.
 
-The key is named by itself, by a job id found in the keys' histories, or by a task and its
-arguments (``explain ci.build sha=abc``), whose key the task's policy computes as a submission
-would. The history is the store's (a bounded list per key, kept a day after its last entry).
+The key is named by itself, by a job id (found by its job record or in the keys' histories),
+or by a task and its arguments (``explain ci.build sha=abc``), whose key the task's policy
+computes as a submission would. The history is the store's: what a person asks about (a
+duplicate, a wait, a dropped copy, a retry, a hand-off, a lock freed), a bounded list per key
+kept a day after its last entry. The ordinary life of the job holding the key (accepted,
+started) is read from its lock and its job record and told in the same list.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ FINISHED = {
 }
 #: Entries after which the key is still held: if nothing holds it now, a ttl or lease lapsed.
 HOLDING = {"accepted", "deduplicated", "started", "waited", "retrying"}
+#: When no entry is left to tell.
+NOTHING = (
+    "  (nothing unusual recorded in the last day: a job that ran and ended as it should leaves"
+    " no entry once its lock is gone; or the key was never used)"
+)
 
 
 def find_key(target: Target, words: tuple[str, ...]) -> str:
@@ -59,20 +67,35 @@ def find_key(target: Target, words: tuple[str, ...]) -> str:
 
 
 def explain(target: Target, key: str, as_json: bool) -> None:
-    events = target.store.run(History(key))
     info = target.store.run(Inspect(key))
+    kept = target.store.run(History(key))
+    events = sorted([*kept, *_ordinary(info)], key=lambda e: e.at_ms, reverse=True)
     if as_json:
         now = None if info is None else {"job_id": info.job_id, "state": info.state}
         entries = [{"at_ms": e.at_ms, "what": e.what, "job_id": e.job_id,
                     "detail": list(e.detail), "says": says(e)} for e in events]  # fmt: skip
         click.echo(json.dumps({"key": key, "now": now, "history": entries}))
         return
-    click.echo(f"key {key}: {_now(info, events)}")
+    click.echo(f"key {key}: {_now(info, kept)}")
     for e in events:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000))
         click.echo(f"  {stamp}.{e.at_ms % 1000:03d}  {says(e)}")
     if not events:
-        click.echo("  (no decision recorded: none in the last day, or the key was never used)")
+        click.echo(NOTHING)
+
+
+def _ordinary(info: LockInfo | None) -> list[Event]:
+    """The holder's acceptance and start, as its lock and job record tell them (the history
+    does not keep them: writing them cost every job four commands)."""
+    if info is None:
+        return []
+    told = []
+    if info.since_ms:
+        told.append(Event(info.since_ms, "accepted", info.job_id, (info.task or "",)))
+    if info.worker:
+        began = info.started_ms or info.since_ms or 0
+        told.append(Event(began, "started", info.job_id, (info.worker, str(info.attempts))))
+    return told
 
 
 def says(e: Event) -> str:
@@ -119,7 +142,8 @@ def _value(text: str) -> Any:
 
 
 def _keys_of_job(target: Target, job_id: str) -> list[str]:
-    """The keys whose history names ``job_id`` (Redis: a SCAN of the histories)."""
+    """The keys of ``job_id``: the one its job record lives under, else those whose history
+    names it (Redis: a SCAN each)."""
     from ..stores.redis import RedisStore
     from ..stores.redis_calls import as_text
 
@@ -127,6 +151,10 @@ def _keys_of_job(target: Target, job_id: str) -> list[str]:
     if not isinstance(store, RedisStore):
         return []
     head = store.prefix + ":{"
+    pattern = f"{store.prefix}:{{*}}:job:{_glob_escape(job_id)}"
+    for raw in store.client.scan_iter(match=pattern, count=500):
+        name = as_text(raw)
+        return [name[len(head) : name.rindex("}")]]
     keys = []
     for raw in store.client.scan_iter(match=f"{store.prefix}:{{*}}:log", count=500):
         name = as_text(raw)
@@ -134,3 +162,8 @@ def _keys_of_job(target: Target, job_id: str) -> list[str]:
         if any(f" {job_id} " in f"{entry} " for entry in entries):
             keys.append(name[len(head) : name.rindex("}")])
     return keys
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally in a SCAN pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

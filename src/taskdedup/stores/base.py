@@ -115,6 +115,7 @@ class LockInfo:
     since_ms: int | None = None  # when it was taken (the store's clock, ms since the epoch)
     worker: str | None = None  # the holder's worker (host:pid), once it started
     attempts: int = 0  # runs of the holder started so far
+    started_ms: int | None = None  # when the holder's latest run began (the store's clock)
 
 
 # ---------------------------------------------------------------- operations

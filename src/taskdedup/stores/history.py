@@ -1,5 +1,6 @@
 """A key's decision history on the record seam (``taskdedup explain``), as lib.lua keeps it
-for Redis: newest first, at most HISTORY_SIZE entries, kept HISTORY_MS after the last."""
+for Redis: newest first, at most HISTORY_SIZE entries, kept HISTORY_MS after the last. Only
+what a person asks about is written (see lib.lua); nothing when the history setting is off."""
 
 from __future__ import annotations
 
@@ -8,30 +9,19 @@ from .records import Records
 
 
 def remember_event(r: Records, key: str, what: str, job_id: str, *detail: object) -> None:
+    if not r.history:  # the history setting is off
+        return
     name = r.name(key, "log")
     entries = (r.get(name) or {"v": []})["v"]
     entry = Event(r.now, what, job_id, tuple(str(d) for d in detail)).entry()
     r.put(name, {"v": [entry, *entries][:HISTORY_SIZE]}, r.now + HISTORY_MS)
 
 
-def forget_accepted(r: Records, key: str, job_id: str) -> bool:
-    """Drop the newest entry if it is ``job_id``'s acceptance (a publish that failed); True if
-    it was (the history goes with it when nothing else is left)."""
-    name = r.name(key, "log")
-    entries = (r.get(name) or {"v": []})["v"]
-    if not entries or f" accepted {job_id} " not in entries[0] + " ":
-        return False
-    if entries[1:]:
-        r.put(name, {"v": entries[1:]}, r.now + HISTORY_MS)
-    else:
-        r.delete(name)
-    return True
-
-
 def remember_claim(r: Records, key: str, job_id: str, reply: ClaimReply) -> ClaimReply:
-    """The claim's answer in the key's history (as claim.lua records it)."""
+    """The claim's answer in the key's history (as claim.lua records it): a run is not written
+    there (the job's record has it), a delivery that waits or is dropped is."""
     if reply.outcome == "run":
-        remember_event(r, key, "started", job_id, reply.holder, reply.attempts)
+        pass
     elif reply.outcome == "done":
         remember_event(r, key, "copy_dropped", job_id)
     elif reply.outcome == "exhausted":

@@ -41,13 +41,15 @@ class _DictRecords(Records):
 
 class MemoryStore(RecordStore):
     """An in-process store; ``key_prefix`` starts every record's name (``prefix=`` is its
-    deprecated spelling), ``clock`` returns seconds (default: ``time.time``)."""
+    deprecated spelling), ``clock`` returns seconds (default: ``time.time``), ``history``
+    False writes no decision history (the ``history`` setting)."""
 
     def __init__(
         self,
         key_prefix: str = "taskdedup",
         clock: Clock | None = None,
         *,
+        history: bool = True,
         prefix: str | None = None,
     ) -> None:
         if prefix is not None:
@@ -59,6 +61,7 @@ class MemoryStore(RecordStore):
             )
             key_prefix = prefix
         self.prefix = key_prefix
+        self.history = history
         self.clock = clock or time.time
         self._records: dict[str, tuple[Fields, int]] = {}  # name -> (fields, expires ms)
         self._mutex = threading.Lock()

@@ -71,9 +71,22 @@ class RecordStore(Store):
     def transact(self, work: Callable[[Records], T]) -> T:
         """Run ``work`` on a view of the records, atomically, and return its answer."""
 
+    #: Whether the key's decision history is written (the ``history`` setting).
+    history = True
+
+    _issued = 0  # the last fencing token given (see Records.next_fence)
+
     def run(self, op: Op[R]) -> R:
         transition = TRANSITIONS[type(op)]
-        return cast(R, self.transact(lambda records: transition(op, records)))
+
+        def work(records: Records) -> Any:
+            records.history, records.issued = self.history, self._issued
+            try:
+                return transition(op, records)
+            finally:
+                self._issued = records.issued  # (inside the transaction)
+
+        return cast(R, self.transact(work))
 
     async def arun(self, op: Op[R]) -> R:
         return self.run(op)

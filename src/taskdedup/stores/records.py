@@ -22,10 +22,15 @@ class Records(abc.ABC):
     """One transaction's view of a store's records: ``now`` is the store's clock (ms) when
     the transaction began; ``prefix`` starts every record name."""
 
+    #: Whether the key's decision history is written (the ``history`` setting).
+    history = True
+
     def __init__(self, prefix: str, now_ms: int, now_us: int) -> None:
         self.prefix = prefix
         self.now = now_ms
         self.now_us = now_us  # seeds fencing tokens, which must keep increasing
+        #: The last fencing token the store gave (kept by the store between transactions).
+        self.issued = 0
 
     # -- the primitives a store provides
 
@@ -46,6 +51,14 @@ class Records(abc.ABC):
         """Every record's name, live or expired (for scans)."""
 
     # -- helpers the transitions use
+
+    def next_fence(self, last: int | None) -> int:
+        """A new fencing token: the clock in microseconds, past ``last`` (the key's live lock's
+        token, if any) and past every token this store gave before (a clock that stands still,
+        as a test's does, still gives rising tokens). No record is kept per key, as on Redis."""
+        fence = max(self.now_us, (last or 0) + 1, self.issued + 1)
+        self.issued = fence
+        return fence
 
     def name(self, key: str, part: str) -> str:
         """The name of record ``part`` of dedup key ``key`` (Redis Cluster hash tag kept)."""

@@ -108,7 +108,8 @@ class RedisStore(Store):
     ``socket_timeout`` (redis-py's default, 5 s) bounds each operation: after it, Redis counts
     as unavailable (G5). The asyncio clients the store makes apply it per operation rather
     than per socket write; a client you pass in keeps its own settings. ``key_prefix`` starts
-    every key the store writes (``prefix=`` is its deprecated spelling).
+    every key the store writes (``prefix=`` is its deprecated spelling). ``history`` False
+    writes no decision history for ``taskdedup explain`` (the ``history`` setting).
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class RedisStore(Store):
         key_prefix: str = "taskdedup",
         url: str | None = None,
         client_options: dict[str, Any] | None = None,
+        history: bool = True,
         prefix: str | None = None,
     ) -> None:
         prefix = _key_prefix(key_prefix, prefix)
@@ -129,11 +131,17 @@ class RedisStore(Store):
         self.prefix = prefix
         self.url = url
         self.clients = RedisClients(client, async_client, url, client_options or {})
-        self.calls = ScriptCalls(prefix)
+        self.calls = ScriptCalls(prefix, history)
 
     @classmethod
     def from_url(
-        cls, url: str, *, key_prefix: str = "taskdedup", prefix: str | None = None, **options: Any
+        cls,
+        url: str,
+        *,
+        key_prefix: str = "taskdedup",
+        history: bool = True,
+        prefix: str | None = None,
+        **options: Any,
     ) -> RedisStore:
         """A store for ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port``
         or ``redis+sentinel://host:port[,host:port]/master_name[/db]`` (clients made lazily).
@@ -146,7 +154,7 @@ class RedisStore(Store):
             )
         check_options(scheme, options)
         key_prefix = _key_prefix(key_prefix, prefix)
-        return cls(url=url, key_prefix=key_prefix, client_options=options)
+        return cls(url=url, key_prefix=key_prefix, client_options=options, history=history)
 
     @property
     def client(self) -> Any:
@@ -204,7 +212,7 @@ class RedisStore(Store):
 
     def _run_call(self, call: ScriptCall) -> Any:
         with _answering(call.keys):
-            raw = self._eval(call.script, call.keys, call.args)
+            raw = self._eval(call.variant, call.keys, call.args)
         return call.parse(raw)
 
     def send(self, op: Op[R]) -> Sent[R] | None:
@@ -214,7 +222,7 @@ class RedisStore(Store):
         return None if builder is None else self._send(builder(op))
 
     def _send(self, call: ScriptCall) -> SentCall | None:
-        again = functools.partial(self._eval, call.script, call.keys, call.args)
+        again = functools.partial(self._eval, call.variant, call.keys, call.args)
         with _answering(call.keys):
             return send(self.client, call, again, _answering)
 
@@ -230,7 +238,7 @@ class RedisStore(Store):
 
     async def _arun_call(self, call: ScriptCall) -> Any:
         with _answering(call.keys):
-            raw = await self._aeval(call.script, call.keys, call.args)
+            raw = await self._aeval(call.variant, call.keys, call.args)
         return call.parse(raw)
 
     # -- a broker on this same server: lock and message in one step
@@ -251,7 +259,7 @@ class RedisStore(Store):
         (so the lock needs no confirmation, G11). ``queue`` must live on this server."""
         call = self.calls.acquire(op)
         with _answering([*call.keys, queue]):
-            raw = self._eval("acquire", [*call.keys, queue], [*call.args, message])
+            raw = self._eval(call.variant, [*call.keys, queue], [*call.args, message])
         return parse_acquire(raw)
 
     async def aacquire_and_push(
@@ -265,7 +273,7 @@ class RedisStore(Store):
     async def _apush(self, op: Acquire, queue: str, message: str | bytes) -> AcquireReply:
         call = self.calls.acquire(op)
         with _answering():
-            raw = await self._aeval("acquire", [*call.keys, queue], [*call.args, message])
+            raw = await self._aeval(call.variant, [*call.keys, queue], [*call.args, message])
         return parse_acquire(raw)
 
     def close(self) -> None:
@@ -297,13 +305,13 @@ class RedisStore(Store):
             pipe = client.pipeline(transaction=False)
             for i in indexes:
                 call = calls[i]
-                pipe.evalsha(SHAS[call.script], len(call.keys), *call.keys, *call.args)
+                pipe.evalsha(SHAS[call.variant], len(call.keys), *call.keys, *call.args)
             try:
                 return list(pipe.execute())
             except redis.exceptions.NoScriptError:
                 if attempt == 2:
                     raise
-                for name in {calls[i].script for i in indexes}:
+                for name in {calls[i].variant for i in indexes}:
                     client.script_load(SOURCES[name])
         raise AssertionError("unreachable")
 
@@ -333,14 +341,14 @@ class RedisStore(Store):
                 for attempt in (1, 2):
                     pipe = client.pipeline(transaction=False)
                     for call in calls:
-                        pipe.evalsha(SHAS[call.script], len(call.keys), *call.keys, *call.args)
+                        pipe.evalsha(SHAS[call.variant], len(call.keys), *call.keys, *call.args)
                     try:
                         raws = await pipe.execute()
                         break
                     except redis.exceptions.NoScriptError:
                         if attempt == 2:
                             raise
-                        for name in {call.script for call in calls}:
+                        for name in {call.variant for call in calls}:
                             await client.script_load(SOURCES[name])
         except asyncio.TimeoutError:
             raise self.clients.timed_out() from None

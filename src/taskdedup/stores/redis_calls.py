@@ -66,10 +66,21 @@ SCRIPTS = (
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
 
 
+#: A script of the history-off variant is named with this suffix (the ``history`` setting).
+QUIET = ":quiet"
+
+
 def _load_scripts() -> dict[str, str]:
+    """Each script with lib.lua prepended, twice: with the key's history written, and (named
+    ``<script>:quiet``) without, so turning history off costs a script nothing at run time."""
     folder = resources.files(__package__).joinpath("lua")
     lib = folder.joinpath("lib.lua").read_text()
-    return {name: lib + "\n" + folder.joinpath(f"{name}.lua").read_text() for name in SCRIPTS}
+    sources = {}
+    for name in SCRIPTS:
+        body = folder.joinpath(f"{name}.lua").read_text()
+        sources[name] = "local HISTORY = true\n" + lib + "\n" + body
+        sources[name + QUIET] = "local HISTORY = false\n" + lib + "\n" + body
+    return sources
 
 
 SOURCES = _load_scripts()
@@ -85,21 +96,30 @@ def _opt(value: Any) -> str:
 
 
 class ScriptCall:
-    """One script invocation: which script, its keys and arguments, and how to read the reply."""
+    """One script invocation: which script, its keys and arguments, and how to read the reply.
+    ``script`` names the operation (metrics, logs); ``variant`` the script source that runs
+    (``<script>:quiet`` when the key's history is off)."""
 
-    __slots__ = ("args", "keys", "parse", "script")
+    __slots__ = ("args", "keys", "parse", "script", "variant")
 
     def __init__(
-        self, script: str, keys: list[str], args: list[Any], parse: Callable[[Any], Any]
+        self,
+        script: str,
+        keys: list[str],
+        args: list[Any],
+        parse: Callable[[Any], Any],
+        history: bool = True,
     ) -> None:
         self.script, self.keys, self.args, self.parse = script, keys, args, parse
+        self.variant = script if history else script + QUIET
 
 
 class ScriptCalls:
     """The script call of each operation, for the keys under one prefix."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, history: bool = True) -> None:
         self.prefix = prefix
+        self.history = history
         #: The operations that are one script call each.
         self.single: dict[type[Any], Callable[[Any], ScriptCall]] = {
             Acquire: self.acquire,
@@ -118,28 +138,33 @@ class ScriptCalls:
             ForceUnlock: self.force_unlock,
         }
 
+    def _call(
+        self, script: str, keys: list[str], args: list[Any], parse: Callable[[Any], Any]
+    ) -> ScriptCall:
+        return ScriptCall(script, keys, args, parse, self.history)
+
     def names(self, key: str, *parts: str) -> list[str]:
         base = f"{self.prefix}:{{{key}}}:"
         return [base + part for part in parts]
 
     def acquire(self, op: Acquire) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "acquire",
-            self.names(op.key, "lock", "fence"),
+            self.names(op.key, "lock"),
             [op.job_id, op.ttl_ms, op.grace_ms, 1 if op.record_duplicate else 0, op.task]
             + ([] if op.payload is None else [op.payload]),
             parse_acquire,
         )
 
     def peek(self, op: Peek) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "peek", self.names(op.key, "lock"), [1 if op.record_duplicate else 0], parse_peek
         )
 
     def claim(self, op: Claim) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "claim",
-            self.names(op.key, "lock", "run", "job:" + op.job_id, "fence"),
+            self.names(op.key, "lock", "run", "job:" + op.job_id),
             [
                 op.job_id,
                 op.owner,
@@ -160,7 +185,7 @@ class ScriptCalls:
         )
 
     def retry(self, op: Retry) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "retry",
             self.names(op.key, "lock", "run", "job:" + op.job_id),
             [op.job_id, op.ttl_ms, _opt(op.attempt), op.grace_ms, op.delay_ms],
@@ -168,9 +193,9 @@ class ScriptCalls:
         )
 
     def finish(self, op: Finish) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "finish",
-            self.names(op.key, "lock", "run", "job:" + op.job_id, "fence"),
+            self.names(op.key, "lock", "run", "job:" + op.job_id),
             [
                 op.job_id,
                 1 if op.throttle else 0,
@@ -184,15 +209,15 @@ class ScriptCalls:
         )
 
     def release(self, op: Release) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "release",
-            self.names(op.key, "lock", "run", "fence"),
+            self.names(op.key, "lock", "run"),
             [op.job_id, "1" if op.queued_only else "0", op.why],
             lambda r: int(r) > 0,
         )
 
     def inspect(self, op: Inspect) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "inspect",
             self.names(op.key, "lock", "run"),
             [],
@@ -200,15 +225,15 @@ class ScriptCalls:
         )
 
     def force_unlock(self, op: ForceUnlock) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "force_unlock", self.names(op.key, "lock", "run"), [], lambda r: bool(int(r))
         )
 
     def job_state(self, op: JobState) -> ScriptCall:
-        return ScriptCall("job_state", self.names(op.key, "job:" + op.job_id), [], as_text)
+        return self._call("job_state", self.names(op.key, "job:" + op.job_id), [], as_text)
 
     def remember(self, op: Remember) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "remember",
             self.names(op.key, "lock"),
             [op.job_id, op.fingerprint, op.ttl_ms, op.grace_ms, op.replaces or ""],
@@ -219,7 +244,7 @@ class ScriptCalls:
         return self.names(scope_key(scope), "slots", "scope")
 
     def reserve(self, op: Reserve) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "reserve",
             self.scope_names(op.scope),
             [op.member, op.limit, op.ttl_ms, op.scope],
@@ -227,7 +252,7 @@ class ScriptCalls:
         )
 
     def consume(self, op: Consume) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "consume",
             self.scope_names(op.scope),
             [op.member, op.job_id, op.ttl_ms, op.scope],
@@ -235,7 +260,7 @@ class ScriptCalls:
         )
 
     def unreserve(self, op: Unreserve) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "unreserve",
             self.scope_names(op.scope),
             [op.member, op.scope],
@@ -243,7 +268,7 @@ class ScriptCalls:
         )
 
     def list_slots(self, op: ListSlots) -> ScriptCall:
-        return ScriptCall(
+        return self._call(
             "list_slots",
             self.scope_names(op.scope)[:1],
             [],
@@ -257,13 +282,13 @@ class ScriptCalls:
 
     def lease_call(self, lease: Lease) -> ScriptCall:
         if lease.slot:
-            return ScriptCall(
+            return self._call(
                 "renew_slot",
                 self.scope_names(lease.key),
                 [lease.job_id, lease.lease_ms, lease.key],
                 lambda r: bool(int(r)),
             )
-        return ScriptCall(
+        return self._call(
             "heartbeat",
             self.names(lease.key, "lock", "run", "job:" + lease.job_id),
             [lease.job_id, lease.lease_ms],
@@ -272,7 +297,7 @@ class ScriptCalls:
 
     def confirm_calls(self, op: Confirm) -> list[ScriptCall]:
         return [
-            ScriptCall("confirm", self.names(key, "lock", "job:" + job_id), [job_id], int)
+            self._call("confirm", self.names(key, "lock", "job:" + job_id), [job_id], int)
             for key, job_id in op.items
         ]
 
@@ -320,13 +345,15 @@ def parse_finish(r: Sequence[Any]) -> FinishReply:
 
 
 def parse_info(key: str, r: Sequence[Any]) -> LockInfo | None:
-    job, state, fence, dups, confirmed, pttl, run_job, run_pttl, task, since, worker, tries = r
+    job, state, fence, dups, confirmed, pttl, run_job, run_pttl, task, since, worker, tries = r[:12]
+    began = r[12] if len(r) > 12 else None
     run_holder = as_text(run_job) if run_job else None
-    shown = (  # task, since_ms, worker, attempts: what the tools show
+    shown = (  # task, since_ms, worker, attempts, started_ms: what the tools show
         as_text(task) if task else None,
         int(since) if since else None,
         as_text(worker) if worker else None,
         int(tries) if tries else 0,
+        int(began) if began and worker else None,
     )
     if not job:
         if run_holder is None:

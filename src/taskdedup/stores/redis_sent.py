@@ -106,7 +106,7 @@ def send(
         return SentCall(call, client, None, again, answering, exc)
     try:
         connection.send_command(
-            "EVALSHA", SHAS[call.script], len(call.keys), *call.keys, *call.args
+            "EVALSHA", SHAS[call.variant], len(call.keys), *call.keys, *call.args
         )
     except _NOT_SENT:
         connection.disconnect()

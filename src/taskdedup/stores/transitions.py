@@ -27,25 +27,16 @@ from .base import (
     Retry,
     Scan,
 )
-from .history import forget_accepted, remember_claim, remember_event
+from .history import remember_claim, remember_event
 from .records import Records
 from .slots import renew_slot
 
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
-FENCE_KEEP_MS = 86_400_000
-
-
-def next_fence(r: Records, key: str, ttl_ms: int) -> int:
-    name = r.name(key, "fence")
-    rec = r.get(name)
-    fence = rec["v"] + 1 if rec else r.now * 1000
-    r.put(name, {"v": fence}, r.now + ttl_ms + FENCE_KEEP_MS)
-    return fence
 
 
 def hand_off(r: Records, key: str, lock: dict[str, Any], job: str, ttl: int, grace: int) -> Handoff:
     payload = lock.get("p")
-    fence = next_fence(r, key, ttl)
+    fence = r.next_fence(lock["f"])
     fields = {"j": job, "s": "q", "f": fence, "d": 0, "e": r.now + ttl, "c": int(grace >= ttl)}
     r.put(r.name(key, "lock"), {**fields, "t": lock.get("t", ""), "a": r.now}, r.now + grace)
     return Handoff(job, payload)
@@ -61,16 +52,16 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
             lock["d"] += 1
             if op.payload is not None:
                 lock["p"] = op.payload
-            remember_event(r, op.key, "deduplicated", op.job_id, lock["j"])
+            if lock["d"] == 1:  # the history has a holder's first duplicate (as acquire.lua)
+                remember_event(r, op.key, "deduplicated", op.job_id, lock["j"])
         return AcquireReply(
             False, lock["j"], lock["f"], lock["d"], pending=lock["s"] == "q" and lock["c"] == 0
         )
-    fence = next_fence(r, op.key, op.ttl_ms)
+    fence = r.next_fence(None)
     confirmed = 1 if op.grace_ms >= op.ttl_ms else 0
     fields = {"j": op.job_id, "s": "q", "f": fence, "d": 0, "e": r.now + op.ttl_ms}
     fields.update(c=confirmed, t=op.task, a=r.now)  # 't', 'a': for the tools
     r.put(name, fields, r.now + min(op.grace_ms, op.ttl_ms))
-    remember_event(r, op.key, "accepted", op.job_id, op.task)
     return AcquireReply(True, op.job_id, fence, 0)
 
 
@@ -82,7 +73,8 @@ def peek(op: Peek, r: Records) -> AcquireReply | None:
         return AcquireReply(False, lock["j"], lock["f"], lock["d"], pending=True)
     if op.record_duplicate:
         lock["d"] += 1
-        remember_event(r, op.key, "deduplicated", "-", lock["j"])  # (no job id was made)
+        if lock["d"] == 1:
+            remember_event(r, op.key, "deduplicated", "-", lock["j"])  # (no job id was made)
     return AcquireReply(False, lock["j"], lock["f"], lock["d"])
 
 
@@ -134,7 +126,7 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
         if lock["s"] == "r":  # that job runs: wait for it to end
             return ClaimReply("busy", 0, attempts - 1, lock["j"])
         if lock["s"] == "q":  # it waits in the queue: run first; it will wait for us
-            fence = next_fence(r, op.key, op.ttl_ms)
+            fence = r.next_fence(lock["f"])
             lock.update(j=op.job_id, s="r", f=fence, c=1)
             r.expire(lock_name, r.now + op.lease_ms)
     if lock is not None and lock["j"] == op.job_id and fence is None:
@@ -148,11 +140,11 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
             else:
                 r.delete(lock_name)
     elif lock is None and op.lock == "hold":
-        fence = next_fence(r, op.key, op.ttl_ms)
+        fence = r.next_fence(None)
         fields = {"j": op.job_id, "s": "r", "f": fence, "d": 0, "e": r.now + op.ttl_ms, "c": 1}
         r.put(lock_name, {**fields, "t": op.task, "a": r.now}, r.now + op.lease_ms)
     if fence is None or op.run_lock:  # a run lock's token orders the runs (G3)
-        fence = next_fence(r, op.key, op.ttl_ms)
+        fence = r.next_fence(fence if fence is not None or lock is None else lock["f"])
     if op.run_lock:
         run = {"j": op.job_id, "o": op.owner, "t": op.task, "a": r.now}
         r.put(run_name, run, r.now + op.lease_ms)
@@ -167,6 +159,8 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
             "f": fence,
             "m": op.memory_ms,
             "k": op.nonce,
+            "l": int(op.run_lock),
+            "b": r.now,
         },
         r.now + op.lease_ms + op.memory_ms,
     )
@@ -218,7 +212,7 @@ def retry(op: Retry, r: Records) -> bool:
     lock = r.get(lock_name)
     if lock is None or lock["j"] != op.job_id:
         return False
-    lock.update(s="q", e=r.now + op.ttl_ms, c=0)
+    lock.update(s="q", e=r.now + op.ttl_ms, c=0, y=1)  # 'y': a retry's lock
     r.expire(lock_name, r.now + grace)
     remember_event(r, op.key, "retrying", op.job_id)
     return True
@@ -238,11 +232,11 @@ def finish(op: Finish, r: Records) -> FinishReply:
             {"s": "d", "o": "", "a": 1, "n": op.attempt, "f": 0, "m": 0},
             r.now + op.memory_ms,
         )
-    release_if_holder(r, op.key, "run", op.job_id)
+    if rec is None or rec.get("l", 1):  # the run lock, when this run took it
+        release_if_holder(r, op.key, "run", op.job_id)
     lock_name = r.name(op.key, "lock")
     lock = r.get(lock_name)
     if lock is None or lock["j"] != op.job_id:
-        remember_event(r, op.key, "finished", op.job_id, "not_holder")
         return FinishReply(False)
     if lock["d"] > 0 and op.handoff_job_id:
         handoff = hand_off(r, op.key, lock, op.handoff_job_id, op.ttl_ms, op.grace_ms)
@@ -251,10 +245,8 @@ def finish(op: Finish, r: Records) -> FinishReply:
     if op.throttle and lock["e"] > r.now:
         lock["s"] = "t"
         r.expire(lock_name, lock["e"])
-        remember_event(r, op.key, "finished", op.job_id, "throttled")
     else:
         r.delete(lock_name)
-        remember_event(r, op.key, "finished", op.job_id, "released")
     return FinishReply(True)
 
 
@@ -276,11 +268,11 @@ def release_locks(r: Records, key: str, job_id: str) -> bool:
 def release(op: Release, r: Records) -> bool:
     lock = r.get(r.name(op.key, "lock"))
     ours = lock is not None and lock["j"] == op.job_id and not op.queued_only
-    unpublished = ours and lock is not None and not lock["c"]
+    # never confirmed, no retry, no duplicate counted: no history entry names it, and a
+    # failed publish leaves nothing behind
+    unpublished = ours and lock is not None and not (lock["c"] or lock.get("y") or lock["d"])
     released = _release(op, r)
-    if unpublished and forget_accepted(r, op.key, op.job_id):
-        return released  # its only trace: a failed publish leaves nothing behind
-    if released:
+    if released and not unpublished:
         remember_event(r, op.key, "freed", op.job_id, op.why)
     return released
 
@@ -293,11 +285,7 @@ def _release(op: Release, r: Records) -> bool:
             return False
         r.delete(name)
         return True
-    lock = r.get(r.name(op.key, "lock"))
-    unconfirmed = lock is not None and lock["j"] == op.job_id and not lock["c"]
     released = release_locks(r, op.key, op.job_id)
-    if unconfirmed:  # its token was never used: a failed publish leaves nothing behind
-        r.delete(r.name(op.key, "fence"))
     return released
 
 
@@ -334,7 +322,8 @@ def info(r: Records, key: str) -> LockInfo | None:
     holder = (lock or running or {})["j"]  # (its job record: worker and attempts)
     rec = r.get(r.name(key, "job:" + holder)) or {}
     taken = lock or running or {}
-    shown = (taken.get("t") or None, taken.get("a"), rec.get("o") or None, rec.get("a", 0))
+    began = rec.get("b") if rec.get("o") else None  # when the holder's run began
+    shown = (taken.get("t") or None, taken.get("a"), rec.get("o") or None, rec.get("a", 0), began)
     if lock is None:
         ttl = r.ttl(r.name(key, "run"))
         return LockInfo(key, run_job or "", "running", 0, 0, ttl, True, run_job, *shown)

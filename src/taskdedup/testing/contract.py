@@ -121,10 +121,13 @@ def test_a_lock_names_its_task_since_when_its_worker_and_attempts(h: Harness) ->
 
 
 def test_a_keys_history_says_what_was_decided_newest_first(h: Harness) -> None:
-    """``taskdedup explain``: each decision on a key, with the jobs it concerns; bounded."""
+    """``taskdedup explain``: each decision a person asks about, with the jobs it concerns,
+    newest first and bounded. The ordinary life of a job (accepted, started, released) is not
+    written there: the lock and the job's record tell it, and the hot path pays nothing."""
     k = new_key()
     h.store.run(acquire(k, "A", task="ci.build"))
-    h.store.run(acquire(k, "B"))
+    h.store.run(acquire(k, "B"))  # the holder's first duplicate is written
+    h.store.run(acquire(k, "B2"))  # later ones are counted in the lock only
     h.store.run(Peek(k, record_duplicate=True))  # asked first: no job id made for it
     h.store.run(claim(k, "A", "hold", owner="host:1"))
     h.store.run(claim(k, "C", "hold", owner="host:2"))  # a stale copy: the key is A's
@@ -133,29 +136,53 @@ def test_a_keys_history_says_what_was_decided_newest_first(h: Harness) -> None:
     seen = [(e.what, e.job_id, e.detail) for e in h.store.run(History(k))]
     assert seen == [
         ("copy_dropped", "A", ()),
-        ("finished", "A", ("released",)),
         ("waited", "C", ("A",)),
-        ("started", "A", ("host:1", "1")),
-        ("deduplicated", "-", ("A",)),
         ("deduplicated", "B", ("A",)),
-        ("accepted", "A", ("ci.build",)),
     ]
     times = [e.at_ms for e in h.store.run(History(k))]
     assert times == sorted(times, reverse=True) and times[-1] > 0
-    h.store.run(acquire(k, "D"))
-    h.store.run(Release(k, "D", why="publish_failed"))
+    h.store.run(acquire(k, "D", grace_ms=60_000))
+    h.store.run(Release(k, "D", why="publish_failed"))  # never published: no trace
     h.store.run(acquire(k, "E"))
+    h.store.run(Confirm(((k, "E"),)))
+    h.store.run(Release(k, "E", why="revoked"))
+    h.store.run(acquire(k, "F"))
     h.store.run(ForceUnlock(k))
     latest = [(e.what, e.job_id, e.detail) for e in h.store.run(History(k))][:3]
     assert latest == [
-        ("unlocked", "E", ("operator",)),
-        ("accepted", "E", ()),
-        ("freed", "D", ("publish_failed",)),
+        ("unlocked", "F", ("operator",)),
+        ("freed", "E", ("revoked",)),
+        ("copy_dropped", "A", ()),
     ]
     for n in range(30):
+        h.store.run(acquire(k, f"holder-{n}"))
         h.store.run(acquire(k, f"dup-{n}"))
+        h.store.run(ForceUnlock(k))
     assert len(h.store.run(History(k))) == HISTORY_SIZE
     assert h.store.run(History(new_key())) == []
+
+
+def test_the_ordinary_life_of_a_job_leaves_only_its_record(h: Harness) -> None:
+    """G17: a job enqueued, confirmed, run and finished leaves one record behind (its own,
+    for the redelivery guard), no history and no counter; a failed publish leaves nothing."""
+    for mode in ("release", "hold"):
+        k = new_key()
+        assert h.store.run(acquire(k, "A", grace_ms=60_000)).acquired
+        h.store.run(Confirm(((k, "A"),)))
+        assert h.store.run(claim(k, "A", mode)).outcome == "run"
+        h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+        assert h.store.run(History(k)) == []
+        assert _parts_of(h, k) == ["job:A"], mode
+    failed = new_key()
+    h.store.run(acquire(failed, "A", grace_ms=60_000))
+    h.store.run(Release(failed, "A", why="publish_failed"))
+    assert _parts_of(h, failed) == []
+
+
+def _parts_of(h: Harness, key: str) -> list[str]:
+    """The records the store keeps for dedup key ``key`` (``lock``, ``job:<id>``, ...)."""
+    tag = "{" + key + "}:"
+    return sorted(name.split(tag, 1)[1] for name in h.record_ttls() if tag in name)
 
 
 def test_until_executing_releases_at_start(h: Harness) -> None:

@@ -1,6 +1,6 @@
 -- (none) -> QUEUED(job); QUEUED -> QUEUED with dups+1 and the latest payload kept.
 -- The holder acquiring again (a hand-off being published) changes nothing.
--- KEYS: lock, fence [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), task
+-- KEYS: lock [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), task
 --   [, payload (reschedule_once: the latest duplicate's arguments)] [, message (with a list)]
 -- With a list (the broker's queue, on this same server) the job's message is pushed there when
 -- the lock is ours, in the same atomic step: lock and message appear together or not at all.
@@ -8,9 +8,11 @@
 -- Reply: one string "<state> <fence> <duplicates> <holder>" (cheaper to read than an array);
 -- state 1 = ours, 0 = another job's, p = another job's whose publish is not confirmed yet (it
 -- may still fail and free the key: the caller asks again rather than answer with it).
+-- Cost (counted by tests/test_store_work.py): a new key is HMGET, TIME, HSET, PEXPIRE; a
+-- duplicate is HMGET and HSET (its first also writes the key's history and checks the ttl).
 local n = #ARGV
 local message
-if KEYS[3] then message = ARGV[n]; n = n - 1 end
+if KEYS[2] then message = ARGV[n]; n = n - 1 end
 local payload = ARGV[6]
 if n < 6 then payload = nil end
 local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'c', 'e')
@@ -18,8 +20,8 @@ if lock[1] == ARGV[1] then
   -- The holder publishing again: a hand-off's first publish, or a deferred copy of a running
   -- job, is pushed; the same queued publish repeated (a retried call whose reply was lost) is
   -- not, as its message is already in the list ('m').
-  if KEYS[3] and not (lock[4] == 'q' and redis.call('HGET', KEYS[1], 'm') == '1') then
-    redis.call('LPUSH', KEYS[3], message)
+  if KEYS[2] and not (lock[4] == 'q' and redis.call('HGET', KEYS[1], 'm') == '1') then
+    redis.call('LPUSH', KEYS[2], message)
     redis.call('HSET', KEYS[1], 'm', '1')
     if lock[4] == 'q' and lock[5] == '0' then  -- a hand-off being published: now confirmed
       local left = tonumber(lock[6]) - now_ms()
@@ -32,28 +34,39 @@ if lock[1] == ARGV[1] then
   return '1 ' .. lock[2] .. ' ' .. lock[3] .. ' ' .. lock[1]
 end
 if lock[1] then
-  -- a lock without a ttl (not one we wrote: every lock we write expires, G9) would hold its
-  -- key for good: it gets this call's ttl
-  if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-  local dups = lock[3]
+  local dups = lock[3] or '0'
   if ARGV[4] == '1' then
-    dups = redis.call('HINCRBY', KEYS[1], 'd', 1)
-    if payload then redis.call('HSET', KEYS[1], 'p', payload) end
-    remember_event(KEYS[1], 'deduplicated', ARGV[1], lock[1])
+    local first = dups == '0'
+    dups = tostring(tonumber(dups) + 1)
+    if payload then
+      redis.call('HSET', KEYS[1], 'd', dups, 'p', payload)
+    else
+      redis.call('HSET', KEYS[1], 'd', dups)
+    end
+    if first then
+      -- a lock without a ttl (not one we wrote: every lock we write expires, G9) would hold
+      -- its key for good: it gets this call's ttl (checked once per holder, at its first
+      -- duplicate, so later duplicates stay two commands)
+      if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+      remember_event(KEYS[1], 'deduplicated', ARGV[1], lock[1])
+    end
   end
   local state = '0'
   if lock[4] == 'q' and lock[5] == '0' then state = 'p' end
   return state .. ' ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]
 end
-if KEYS[3] then redis.call('LPUSH', KEYS[3], message) end
+if KEYS[2] then redis.call('LPUSH', KEYS[2], message) end
 local ttl, grace = tonumber(ARGV[2]), tonumber(ARGV[3])
-local fence = int(next_fence(KEYS[2], ttl))
+local fence = int(next_fence(false))
 local confirmed = '0'
-if grace >= ttl or KEYS[3] then confirmed = '1'; grace = ttl end
+if grace >= ttl or KEYS[2] then confirmed = '1'; grace = ttl end
 local now = now_ms()  -- 't' and 'a': the task and since when, for the tools
-redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0',
-  'e', int(now + ttl), 'c', confirmed, 't', ARGV[5], 'a', int(now))
-if KEYS[3] then redis.call('HSET', KEYS[1], 'm', '1') end
-remember_event(KEYS[1], 'accepted', ARGV[1], ARGV[5])
+if KEYS[2] then
+  redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0',
+    'e', int(now + ttl), 'c', confirmed, 't', ARGV[5], 'a', int(now), 'm', '1')
+else
+  redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0',
+    'e', int(now + ttl), 'c', confirmed, 't', ARGV[5], 'a', int(now))
+end
 redis.call('PEXPIRE', KEYS[1], grace)
 return '1 ' .. fence .. ' 0 ' .. ARGV[1]

@@ -1,10 +1,12 @@
 -- A worker starts a job: answers run / running / done / busy / exhausted.
 -- busy: the run lock, or (hold mode) the enqueue lock, is another job's.
--- KEYS: lock, run, job record, fence
+-- KEYS: lock, run, job record
 -- ARGV: job, owner, lease_ms, ttl_ms, lock mode (release|hold|none), run_lock (1/0),
 --       memory_ms, attempt ('' = unknown), max_attempts (0 = none), handoff job ('' = none),
 --       grace_ms, nonce (this claim's id), lost claims (comma-separated nonces of this job's
 --       claims whose replies never arrived: a record they wrote is no run of the job), task
+-- A run is not written to the key's history (the job's record says who runs it and which
+-- attempt): only a delivery that waits, is dropped or has run out of attempts is.
 local function decide()
 local job, owner = ARGV[1], ARGV[2]
 local lease, ttl, memory = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
@@ -61,7 +63,7 @@ if ARGV[5] == 'hold' and lock[1] and lock[1] ~= job then
     return {'busy', '0', int(attempts - 1), lock[1]}
   end
   if lock[4] == 'q' then  -- that job waits in the queue (and may never come): run first;
-    fence = int(next_fence(KEYS[4], ttl))  -- it will wait for this one when it starts
+    fence = int(next_fence(lock[2]))  -- it will wait for this one when it starts
     redis.call('HSET', KEYS[1], 'j', job, 's', 'r', 'f', fence, 'c', '1')
     redis.call('PEXPIRE', KEYS[1], lease)
   end
@@ -75,31 +77,34 @@ if lock[1] == job then
   elseif ARGV[5] == 'release' then
     if tonumber(lock[3]) > 0 and ARGV[10] ~= '' then
       handoff = ARGV[10]
-      payload = hand_off(KEYS[1], KEYS[4], handoff, ttl, tonumber(ARGV[11]), now)
+      payload = hand_off(KEYS[1], handoff, ttl, tonumber(ARGV[11]))
     else
       redis.call('DEL', KEYS[1])
     end
   end
 elseif not lock[1] and ARGV[5] == 'hold' then
-  fence = int(next_fence(KEYS[4], ttl))
+  fence = int(next_fence(false))
   redis.call('HSET', KEYS[1], 'j', job, 's', 'r', 'f', fence, 'd', '0',
     'e', int(now + ttl), 'c', '1', 't', ARGV[14] or '', 'a', int(now))
   redis.call('PEXPIRE', KEYS[1], lease)
 end
 -- a run lock is an acquisition of its own: its token orders the runs, not the enqueues (G3)
-if not fence or ARGV[6] == '1' then fence = int(next_fence(KEYS[4], ttl)) end
+if not fence or ARGV[6] == '1' then fence = int(next_fence(fence or lock[2])) end
+local run_lock = '0'
 if ARGV[6] == '1' then
+  run_lock = '1'
   redis.call('HSET', KEYS[2], 'j', job, 'o', owner, 't', ARGV[14] or '', 'a', int(now))
   redis.call('PEXPIRE', KEYS[2], lease)
 end
+-- 'l': this run holds the run lock (so finish looks there only then); 'b': when it began
 redis.call('HSET', KEYS[3], 's', 'r', 'o', owner, 'u', int(now + lease), 'a', int(attempts),
-  'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '')
+  'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '', 'l', run_lock, 'b', int(now))
 redis.call('PEXPIRE', KEYS[3], lease + memory)
 return {'run', fence, int(attempts), owner, handoff, payload}
 end
 local reply = decide()
 if reply[1] == 'run' then
-  remember_event(KEYS[1], 'started', ARGV[1], reply[4], reply[3])
+  -- (the job's record has it)
 elseif reply[1] == 'done' then
   remember_event(KEYS[1], 'copy_dropped', ARGV[1])
 elseif reply[1] == 'exhausted' then

@@ -8,7 +8,8 @@ local holder = lock[1] or run[1]
 local rec = {false, false}
 if holder then
   local base = string.sub(KEYS[1], 1, #KEYS[1] - 4)  -- drop 'lock'
-  rec = redis.call('HMGET', base .. 'job:' .. holder, 'o', 'a')
+  rec = redis.call('HMGET', base .. 'job:' .. holder, 'o', 'a', 'b')
 end
 return {lock[1], lock[2], lock[3], lock[4], lock[5], redis.call('PTTL', KEYS[1]),
-  run[1], redis.call('PTTL', KEYS[2]), lock[6] or run[2], lock[7] or run[3], rec[1], rec[2]}
+  run[1], redis.call('PTTL', KEYS[2]), lock[6] or run[2], lock[7] or run[3], rec[1], rec[2],
+  rec[3]}

@@ -1,9 +1,21 @@
 -- Helpers prepended to every taskdedup script. Times are the server's, in milliseconds.
+-- HISTORY (set above this file by the store: true, or false with the history setting off)
+-- says whether scripts write a key's decision history at all.
+
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
+-- The server clock, read once per script: TIME costs a command, and one script is one instant.
+local clock_us
+local function now_us()
+  if not clock_us then
+    local t = redis.call('TIME')
+    clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return clock_us
+end
+
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return math.floor(now_us() / 1000)
 end
 
 -- Integers as exact decimal strings (Lua would print large numbers in exponent form).
@@ -13,42 +25,41 @@ end
 
 -- A key's decision history (``taskdedup explain``), newest first: "<ms> <event> <job> ...",
 -- at most 20 entries, kept a day after the last. It lives beside the lock, in its hash slot.
+-- Only what a person asks about is written here (a duplicate, a wait, a dropped copy, a retry,
+-- a lock freed or handed on): the ordinary life of a job (accepted, started, released) is read
+-- from the lock and the job's record instead, so it costs the hot path nothing.
 local function remember_event(lock_key, ...)
+  if not HISTORY then return end
   local log_key = string.sub(lock_key, 1, #lock_key - 4) .. 'log'
   redis.call('LPUSH', log_key, table.concat({int(now_ms()), ...}, ' '))
   redis.call('LTRIM', log_key, 0, 19)
   redis.call('PEXPIRE', log_key, 86400000)
 end
 
--- The next fencing token of a key: a counter seeded from the server clock in microseconds,
--- so tokens keep increasing even after the counter itself has expired.
-local function next_fence(fence_key, ttl_ms)
-  local fence
-  local kind = redis.call('TYPE', fence_key)['ok']
-  if kind == 'string' and tonumber(redis.call('GET', fence_key)) then
-    fence = redis.call('INCR', fence_key)
-  else  -- none yet, or garbled (not ours): seeded again from the clock, so it still rises
-    if kind ~= 'none' then redis.call('DEL', fence_key) end
-    local t = redis.call('TIME')
-    local seed = t[1] .. string.format('%06d', tonumber(t[2]))
-    redis.call('SET', fence_key, seed)
-    fence = tonumber(seed)
-  end
-  redis.call('PEXPIRE', fence_key, ttl_ms + 86400000)
+-- The next fencing token of a key: the server clock in microseconds, past ``last`` (the token
+-- the key's lock holds now, if any). No counter key: a token taken later is larger as long as
+-- the server clock does not step back, and never below the live lock's own.
+local issued  -- the token this script gave last: two acquisitions in one script differ too
+local function next_fence(last)
+  local fence = now_us()
+  if last and tonumber(last) and tonumber(last) >= fence then fence = tonumber(last) + 1 end
+  if issued and issued >= fence then fence = issued + 1 end
+  issued = fence
   return fence
 end
 
 -- Hand the enqueue lock to a new job id (reschedule_once); returns the kept payload or false.
-local function hand_off(lock_key, fence_key, job, ttl_ms, grace_ms, now)
-  local payload, task = unpack(redis.call('HMGET', lock_key, 'p', 't'))
-  local fence = next_fence(fence_key, ttl_ms)
+local function hand_off(lock_key, job, ttl_ms, grace_ms)
+  local old = redis.call('HMGET', lock_key, 'p', 't', 'f')
+  local fence = next_fence(old[3])
+  local now = now_ms()
   redis.call('DEL', lock_key)
   local confirmed = '0'
   if grace_ms >= ttl_ms then confirmed = '1' end  -- no confirmation asked for
   redis.call('HSET', lock_key, 'j', job, 's', 'q', 'f', int(fence), 'd', '0',
-    'e', int(now + ttl_ms), 'c', confirmed, 't', task or '', 'a', int(now))
+    'e', int(now + ttl_ms), 'c', confirmed, 't', old[2] or '', 'a', int(now))
   redis.call('PEXPIRE', lock_key, grace_ms)
-  return payload
+  return old[1]
 end
 
 local function release_if_holder(key, job)

@@ -5,10 +5,14 @@
 -- acquire's (0, or p while the holder's publish is not confirmed: then nothing is counted).
 local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 'c', 's')
 if not lock[1] then return false end
-if lock[4] == '0' and lock[5] == 'q' then return 'p ' .. lock[2] .. ' ' .. lock[3] .. ' ' .. lock[1] end
-local dups = lock[3]
+local dups = lock[3] or '0'
+if lock[4] == '0' and lock[5] == 'q' then return 'p ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1] end
 if ARGV[1] == '1' then
-  dups = redis.call('HINCRBY', KEYS[1], 'd', 1)
-  remember_event(KEYS[1], 'deduplicated', '-', lock[1])  -- (no job id was made for it)
+  local first = dups == '0'
+  dups = tostring(tonumber(dups) + 1)
+  redis.call('HSET', KEYS[1], 'd', dups)
+  if first then  -- (as acquire: the history has a holder's first duplicate)
+    remember_event(KEYS[1], 'deduplicated', '-', lock[1])  -- (no job id was made for it)
+  end
 end
 return '0 ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]

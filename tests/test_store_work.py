@@ -1,0 +1,111 @@
+"""The store's work per decision, counted (not timed): Redis commands per enqueue, its
+confirmation, duplicate, claim and finish, read from ``INFO commandstats`` on a server nobody
+else uses (G17). A script counts as its EVALSHA plus each command it calls. The ceilings are
+today's counts: a change that makes any step heavier fails here and must say why.
+
+Before issue 24 an enqueue cost 19 commands (acquire 13 with a fence counter key and a history
+entry, confirmation 6), a duplicate 8, a claim 11-12 and a finish 11-12; each finished job left
+3 keys behind (its record, the key's history, the fence counter).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from taskdedup import Deduplicator, Policy, RedisStore, TaskPolicy
+from taskdedup.settings import Settings
+from taskdedup.stores.redis_calls import SOURCES
+
+#: The most Redis commands each step may cost (EVALSHA included), with history on.
+CEILINGS = {
+    "enqueue": 5,  # HMGET, TIME, HSET, PEXPIRE
+    "confirmation": 4,  # HMGET, HSET, PEXPIREAT (batched: one pipeline per batch)
+    "first duplicate": 8,  # HMGET, HSET, PTTL, and the history entry (TIME, LPUSH, LTRIM, PEXPIRE)
+    "duplicate": 3,  # HMGET, HSET
+    "claim (until_executing)": 7,  # job record, lock, TIME, DEL, record written
+    "finish (until_executing)": 5,  # job record marked done, lock looked at
+    "claim (until_executed)": 8,
+    "finish (until_executed)": 6,
+}
+
+
+def _build(sha: str) -> None: ...
+
+
+@pytest.fixture
+def counted(private_redis_url: str) -> Iterator[Callable[[Callable[[], Any]], int]]:
+    client = redis.Redis.from_url(private_redis_url)
+    for source in SOURCES.values():  # a first call's NOSCRIPT and load are not the step's work
+        client.script_load(source)
+
+    def commands(step: Callable[[], Any]) -> int:
+        client.config_resetstat()
+        step()
+        stats = client.info("commandstats")
+        skip = ("cmdstat_config", "cmdstat_info", "cmdstat_script")  # ours, and loading
+        return sum(v["calls"] for k, v in stats.items() if not k.startswith(skip))
+
+    yield commands
+    client.close()
+
+
+@pytest.mark.parametrize("strategy", ["until_executing", "until_executed"])
+def test_commands_per_step_stay_within_their_ceilings(
+    private_redis_url: str, counted: Callable[[Callable[[], Any]], int], strategy: str
+) -> None:
+    store = RedisStore.from_url(private_redis_url, key_prefix=f"work-{uuid.uuid4().hex[:8]}")
+    dedup = Deduplicator(store, settings=Settings(grace=60))
+    policy: TaskPolicy = Policy(strategy, ttl=600).bind("ci.build", _build)
+    dedup.enqueue(policy, ("warm",))  # scripts loaded, connection made: not counted
+    seen: dict[str, int] = {}
+    ticket: Any = None
+
+    def enqueue() -> None:
+        nonlocal ticket
+        ticket = dedup.enqueue(policy, ("sha-1",), job_id="job-1")
+        dedup.published(ticket)
+
+    seen["enqueue"] = counted(enqueue)
+    assert ticket.acquired
+    seen["confirmation"] = counted(dedup.confirmer.flush)
+    seen["first duplicate"] = counted(lambda: dedup.enqueue(policy, ("sha-1",), job_id="d-1"))
+    seen["duplicate"] = counted(lambda: dedup.enqueue(policy, ("sha-1",), job_id="d-2"))
+    admission: Any = None
+
+    def claim() -> None:
+        nonlocal admission
+        admission = dedup.claim(policy, "job-1", args=("sha-1",))
+
+    seen[f"claim ({strategy})"] = counted(claim)
+    assert admission.outcome == "run"
+    seen[f"finish ({strategy})"] = counted(lambda: dedup.finish(policy, ticket.key, "job-1"))
+    dedup.close()
+    ceilings = {step: n for step, n in CEILINGS.items() if step in seen}
+    assert seen == ceilings | {s: n for s, n in seen.items() if n < ceilings[s]}, (
+        f"commands per step {seen} against the ceilings {ceilings}"
+    )
+
+
+def test_without_history_a_first_duplicate_writes_none(
+    private_redis_url: str, counted: Callable[[Callable[[], Any]], int]
+) -> None:
+    prefix = f"quiet-{uuid.uuid4().hex[:8]}"
+    store = RedisStore.from_url(private_redis_url, key_prefix=prefix, history=False)
+    dedup = Deduplicator(store, settings=Settings(grace=60, history=False))
+    policy = Policy("until_executed", ttl=600).bind("ci.build", _build)
+    dedup.enqueue(policy, ("warm",))
+    first = dedup.enqueue(policy, ("sha-1",), job_id="job-1")
+    dedup.published(first)
+    dedup.confirmer.flush()
+    assert counted(lambda: dedup.enqueue(policy, ("sha-1",), job_id="d-1")) == 4  # + PTTL
+    client = redis.Redis.from_url(private_redis_url)
+    try:
+        assert not list(client.scan_iter(match=f"{prefix}:*:log"))
+    finally:
+        client.close()
+        dedup.close()

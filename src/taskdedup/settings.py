@@ -118,6 +118,10 @@ class Settings:
         if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
             raise ConfigError(f"key_prefix must be non-empty, without braces: {self.key_prefix!r}")
 
+    def store_options(self) -> dict[str, Any]:
+        """What a store made from these settings is told (any store takes these)."""
+        return {"key_prefix": self.key_prefix, "history": self.history}
+
     @classmethod
     def load(
         cls, values: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None

@@ -77,5 +77,5 @@ def store_for_app(app: Any, settings: Settings) -> Store:
             "(or memory:// for a single process)"
         )
     if url.startswith("memory://"):
-        return MemoryStore(key_prefix=settings.key_prefix, history=settings.history)
-    return RedisStore.from_url(url, key_prefix=settings.key_prefix, history=settings.history)
+        return MemoryStore(**settings.store_options())
+    return RedisStore.from_url(url, **settings.store_options())

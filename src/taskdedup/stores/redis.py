@@ -108,9 +108,8 @@ class RedisStore(Store):
     ``socket_timeout`` (redis-py's default, 5 s) bounds each operation: after it, Redis counts
     as unavailable (G5). The asyncio clients the store makes apply it per operation rather
     than per socket write; a client you pass in keeps its own settings. ``key_prefix`` starts
-    every key the store writes (``prefix=`` is its deprecated spelling). ``history`` False
-    writes no decision history for ``taskdedup explain`` (the ``history`` setting).
-    """
+    every key the store writes (``prefix=`` is its deprecated spelling); ``history=False``
+    writes no decision history for ``taskdedup explain`` (the ``history`` setting)."""
 
     def __init__(
         self,
@@ -135,17 +134,12 @@ class RedisStore(Store):
 
     @classmethod
     def from_url(
-        cls,
-        url: str,
-        *,
-        key_prefix: str = "taskdedup",
-        history: bool = True,
-        prefix: str | None = None,
-        **options: Any,
+        cls, url: str, *, key_prefix: str = "taskdedup", history: bool = True, **options: Any
     ) -> RedisStore:
         """A store for ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port``
         or ``redis+sentinel://host:port[,host:port]/master_name[/db]`` (clients made lazily).
         ``options`` go to redis-py's client; one it does not take is a ConfigError here."""
+        prefix = options.pop("prefix", None)  # (the deprecated spelling of key_prefix)
         scheme = urlsplit(url).scheme
         if scheme not in ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel"):
             raise ConfigError(

@@ -67,20 +67,18 @@ class DedupState(TaskiqMiddleware, Features, Callbacks):
         return found
 
     def _default_store(self) -> Store:
-        url, prefix = self.settings.url, self.settings.key_prefix
+        url, told = self.settings.url, self.settings.store_options()
         if url is not None:
             if url.startswith("memory://"):
-                return MemoryStore(key_prefix=prefix, history=self.settings.history)
-            return RedisStore.from_url(url, key_prefix=prefix, history=self.settings.history)
+                return MemoryStore(**told)
+            return RedisStore.from_url(url, **told)
         pool = getattr(self.broker, "connection_pool", None)
         if pool is not None and type(pool).__module__.startswith("redis.asyncio"):
-            return RedisStore.from_url(
-                _url_of(pool), key_prefix=prefix, history=self.settings.history
-            )
+            return RedisStore.from_url(_url_of(pool), **told)
         from taskiq import InMemoryBroker
 
         if isinstance(self.broker, InMemoryBroker):
-            return MemoryStore(key_prefix=prefix, history=self.settings.history)
+            return MemoryStore(**told)
         raise ConfigError(
             f"taskdedup needs a store and the broker ({type(self.broker).__name__}) is not "
             "a taskiq-redis one: pass DedupMiddleware('redis://...') or set TASKDEDUP_URL "

@@ -285,7 +285,8 @@ class RedisStore(Store):
         if isinstance(op, History):
             entries = self.client.lrange(self.calls.names(op.key, "log")[0], 0, -1)
             return [Event.parse(as_text(entry)) for entry in entries]
-        calls, combine = self.calls.batch(op)
+        together = not isinstance(self.client, redis.cluster.RedisCluster)
+        calls, combine = self.calls.batch(op, together)
         results: list[Any] = [None] * len(calls)
         for client, indexes in self._by_node(calls):
             for i, raw in zip(indexes, self._pipeline(client, calls, indexes), strict=True):

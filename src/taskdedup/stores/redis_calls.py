@@ -66,6 +66,8 @@ SCRIPTS = (
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
 
 
+#: How many confirmations one script call carries (a longer call would hold the server).
+CONFIRM_CHUNK = 100
 #: A script of the history-off variant is named with this suffix (the ``history`` setting).
 QUIET = ":quiet"
 
@@ -295,17 +297,26 @@ class ScriptCalls:
             lambda r: bool(int(r)),
         )
 
-    def confirm_calls(self, op: Confirm) -> list[ScriptCall]:
-        return [
-            self._call("confirm", self.names(key, "lock", "job:" + job_id), [job_id], int)
-            for key, job_id in op.items
-        ]
+    def confirm_calls(self, op: Confirm, together: bool) -> list[ScriptCall]:
+        """One call per CONFIRM_CHUNK jobs (``together``: one server owns every key), else one
+        per job (a Cluster: a script's keys must share a slot)."""
+        size = CONFIRM_CHUNK if together else 1
+        calls = []
+        for start in range(0, len(op.items), size):
+            chunk = op.items[start : start + size]
+            keys = [name for key, job in chunk for name in self.names(key, "lock", "job:" + job)]
+            calls.append(self._call("confirm", keys, [job for _, job in chunk], int))
+        return calls
 
-    def batch(self, op: Op[Any]) -> tuple[list[ScriptCall], Callable[[list[Any]], Any]]:
+    def batch(
+        self, op: Op[Any], together: bool = True
+    ) -> tuple[list[ScriptCall], Callable[[list[Any]], Any]]:
+        """The calls of a batch (sent as one pipeline per server) and how to combine their
+        replies; ``together``: every key lives on one server, so a call may span keys."""
         if isinstance(op, Heartbeat):
             return self.heartbeat_calls(op), tuple
         if isinstance(op, Confirm):
-            return self.confirm_calls(op), sum
+            return self.confirm_calls(op, together), sum
         raise TypeError(f"no Redis script batch for {type(op).__name__}")
 
 

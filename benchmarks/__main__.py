@@ -1,9 +1,11 @@
 """Run every benchmark in one process; print one table, write it to README.md and the figures to
 benchmarks/results/latest.json.
 
-``--quick``: a few rounds only (a smoke run); ``--only core,celery,taskiq,drain,plot``: some
-groups (plot: enqueue throughput against producer threads and processes, docs/bench-throughput.png);
-``--no-readme``: leave README.md alone.
+``--quick``: a few rounds only (a smoke run); ``--only core,celery,taskiq,drain,plot,store``:
+some groups (plot: enqueue throughput against producer threads and processes,
+docs/bench-throughput.png; store: the store's Redis commands and CPU per enqueue, duplicate and
+drained job, and what a finished job leaves, counted on a Redis of its own after the timed
+groups); ``--no-readme``: leave README.md alone.
 """
 
 from __future__ import annotations
@@ -11,24 +13,35 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
-from benchmarks import celery_publish, core_latency, taskiq_kiq, throughput, worker_drain
+from benchmarks import (
+    celery_publish,
+    core_latency,
+    store_work,
+    taskiq_kiq,
+    throughput,
+    worker_drain,
+)
 from benchmarks.common import RESULTS, machine, ratios, redis_url, table, update_readme
 
-GROUPS = ("core", "celery", "taskiq", "drain", "plot")
+GROUPS = ("core", "celery", "taskiq", "drain", "plot", "store")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default=",".join(GROUPS))
+    parser.add_argument("--only", default=",".join(GROUPS), help=",".join(GROUPS))
     parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args()
     only = set(args.only.split(","))
+    if only - set(GROUPS):
+        parser.error(f"unknown group(s) {', '.join(sorted(only - set(GROUPS)))}: {GROUPS}")
     scale = 10 if args.quick else 1
     started = time.strftime("%Y-%m-%d")
     rows = []
     curves: dict[str, object] = {}
+    store: dict[str, Any] | None = None
     with redis_url() as url:
         if "core" in only:
             rows += core_latency.run(url, n=3000 // scale)
@@ -41,8 +54,13 @@ def main() -> int:
         if "plot" in only:
             curves = throughput.run(url, seconds=0.3 if args.quick else 1.5)
             print(f"throughput plot drawn to {throughput.PLOT}")
+        if "store" in only:  # counted, not timed: after the timed groups, on a Redis of its own
+            store = store_work.run(url, n=700 // scale, rounds=1 if args.quick else 3)
     about = machine()
-    text = table(rows)
+    parts = [table(rows)] if rows else []
+    if store is not None:
+        parts.append(store_work.text(store))
+    text = "\n\n".join(parts)
     note = f"\n\nMeasured {started} by `make bench` on {about['summary']}."
     print(text + note)
     RESULTS.parent.mkdir(exist_ok=True)
@@ -53,7 +71,14 @@ def main() -> int:
     ]  # fmt: skip
     RESULTS.write_text(
         json.dumps(
-            {"date": started, "machine": about, "rows": figures, "throughput": curves}, indent=1
+            {
+                "date": started,
+                "machine": about,
+                "rows": figures,
+                "throughput": curves,
+                "store_work": store,
+            },
+            indent=1,
         )
     )
     print(f"figures written to {RESULTS}")

@@ -134,6 +134,17 @@ def test_locks_and_stats_from_a_bare_url(redis_url: str, key_prefix: str) -> Non
     assert "deduplicated: the submission job-4 was answered with job-3" in lapsed.stdout
     unused = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", "never-used")
     assert unused.returncode != 0  # no key, no job, no task of that name
+    waiting = dedup.enqueue(policy, ("queued",), job_id="job-5")  # not started: found by its lock
+    dedup.published(waiting)
+    by_lock = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", "job-5")
+    assert by_lock.returncode == 0 and "queued, held by job-5 (ci.build)" in by_lock.stdout
+    ended = dedup.enqueue(policy, ("ended",), job_id="job-6")
+    dedup.published(ended)
+    assert dedup.enqueue(policy, ("ended",), job_id="job-7").deduplicated
+    assert dedup.claim(policy, "job-6", key=ended.key).should_run
+    dedup.finish(policy, ended.key or "", "job-6")
+    story = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", ended.key or "")
+    assert f"key {ended.key}: free: job-6 ran and finished" in story.stdout  # not "expired"
     dedup.close()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from ..stores.base import Event, History, Inspect, LockInfo
+from ..stores.base import Event, History, Inspect, JobState, LockInfo, Store
 from .target import Target
 
 #: What each kind of entry says, given its job and details.
@@ -62,7 +62,10 @@ def find_key(target: Target, words: tuple[str, ...]) -> str:
         return first
     found = _keys_of_job(target, first)
     if not found:
-        raise click.UsageError(f"{first}: no key, no job in the keys' histories, no task")
+        raise click.UsageError(
+            f"{first}: no key held or with a history, no job, no task of that name (a key whose"
+            " jobs all ran and ended as they should keeps nothing once its lock is gone)"
+        )
     return found[0]
 
 
@@ -76,7 +79,7 @@ def explain(target: Target, key: str, as_json: bool) -> None:
                     "detail": list(e.detail), "says": says(e)} for e in events]  # fmt: skip
         click.echo(json.dumps({"key": key, "now": now, "history": entries}))
         return
-    click.echo(f"key {key}: {_now(info, kept)}")
+    click.echo(f"key {key}: {_now(target.store, key, info, kept)}")
     for e in events:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000))
         click.echo(f"  {stamp}.{e.at_ms % 1000:03d}  {says(e)}")
@@ -111,13 +114,17 @@ def says(e: Event) -> str:
     return template.format(*detail, job=e.job_id).replace(" ()", "").rstrip()  # (no why)
 
 
-def _now(info: LockInfo | None, events: list[Event]) -> str:
+def _now(store: Store, key: str, info: LockInfo | None, events: list[Event]) -> str:
     if info is not None:
         where = f" on {info.worker}" if info.worker else ""
         return f"{info.state}, held by {info.job_id}{where} ({info.task or 'task unknown'})"
-    if events and (events[0].what in HOLDING or events[0].detail[:1] == ("throttled",)):
-        return "free: its ttl or lease ran out after the last decision (expired)"
-    return "free"
+    if not events or events[0].what not in HOLDING:
+        return "free"
+    last = events[0]
+    holder = last.detail[0] if last.what in ("deduplicated", "waited") else last.job_id
+    if store.run(JobState(key, holder)) == "finished":  # its end is not written: it is usual
+        return f"free: {holder} ran and finished"
+    return "free: its ttl or lease ran out after the last decision (expired)"
 
 
 def _call(words: tuple[str, ...]) -> tuple[list[Any], dict[str, Any]]:
@@ -142,8 +149,8 @@ def _value(text: str) -> Any:
 
 
 def _keys_of_job(target: Target, job_id: str) -> list[str]:
-    """The keys of ``job_id``: the one its job record lives under, else those whose history
-    names it (Redis: a SCAN each)."""
+    """The keys of ``job_id``: the one its job record lives under, the one whose lock it holds,
+    else those whose history names it (Redis: a SCAN each)."""
     from ..stores.redis import RedisStore
     from ..stores.redis_calls import as_text
 
@@ -155,6 +162,11 @@ def _keys_of_job(target: Target, job_id: str) -> list[str]:
     for raw in store.client.scan_iter(match=pattern, count=500):
         name = as_text(raw)
         return [name[len(head) : name.rindex("}")]]
+    for part in ("lock", "run"):  # a job not started yet: the lock it holds
+        for raw in store.client.scan_iter(match=f"{store.prefix}:{{*}}:{part}", count=500):
+            if as_text(store.client.hget(raw, "j") or b"") == job_id:
+                name = as_text(raw)
+                return [name[len(head) : name.rindex("}")]]
     keys = []
     for raw in store.client.scan_iter(match=f"{store.prefix}:{{*}}:log", count=500):
         name = as_text(raw)

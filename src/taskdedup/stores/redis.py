@@ -131,6 +131,7 @@ class RedisStore(Store):
         self.url = url
         self.clients = RedisClients(client, async_client, url, client_options or {})
         self.calls = ScriptCalls(prefix, history)
+        self.sharded = False  # keys of one script call may live apart (a sharding proxy)
 
     @classmethod
     def from_url(
@@ -285,13 +286,7 @@ class RedisStore(Store):
         if isinstance(op, History):
             entries = self.client.lrange(self.calls.names(op.key, "log")[0], 0, -1)
             return [Event.parse(as_text(entry)) for entry in entries]
-        together = not isinstance(self.client, redis.cluster.RedisCluster)
-        calls, combine = self.calls.batch(op, together)
-        results: list[Any] = [None] * len(calls)
-        for client, indexes in self._by_node(calls):
-            for i, raw in zip(indexes, self._pipeline(client, calls, indexes), strict=True):
-                results[i] = calls[i].parse(raw)
-        return combine(results)
+        return _run_batch(self, op)
 
     def _pipeline(self, client: Any, calls: list[ScriptCall], indexes: list[int]) -> list[Any]:
         """EVALSHA each call in one pipeline; load the scripts and resend once on NOSCRIPT
@@ -325,8 +320,8 @@ class RedisStore(Store):
 
     async def _arun_special(self, op: Op[Any]) -> Any:
         cluster = isinstance(self.async_client, redis.asyncio.cluster.RedisCluster)
-        if isinstance(op, Scan | History | ListScopes) or cluster:
-            return await asyncio.to_thread(self._run_special, op)
+        if isinstance(op, Scan | History | ListScopes) or cluster or self.sharded:
+            return await asyncio.to_thread(self._run_special, op)  # (and a CROSSSLOT there)
         calls, combine = self.calls.batch(op)
         if not calls:
             return combine([])
@@ -340,7 +335,11 @@ class RedisStore(Store):
                     try:
                         raws = await pipe.execute()
                         break
-                    except redis.exceptions.NoScriptError:
+                    except redis.exceptions.ResponseError as exc:  # (NoScriptError is one)
+                        if "CROSSSLOT" in str(exc):
+                            return await asyncio.to_thread(self._run_special, op)
+                        if not isinstance(exc, redis.exceptions.NoScriptError):
+                            raise
                         if attempt == 2:
                             raise
                         for name in {call.variant for call in calls}:
@@ -348,6 +347,28 @@ class RedisStore(Store):
         except asyncio.TimeoutError:
             raise self.clients.timed_out() from None
         return combine([call.parse(raw) for call, raw in zip(calls, raws, strict=True)])
+
+
+def _run_batch(store: RedisStore, op: Op[Any]) -> Any:
+    """A batch as one pipeline per server. A confirmation batch is one script call per chunk
+    of jobs where one server owns every key; on a Cluster, or behind a proxy that shards keys
+    (it answers CROSSSLOT, and then keeps being asked one call per job), one call per job."""
+    together = not isinstance(store.client, redis.cluster.RedisCluster) and not store.sharded
+    try:
+        return _pipelined(store, *store.calls.batch(op, together))
+    except redis.exceptions.ResponseError as exc:
+        if not together or "CROSSSLOT" not in str(exc):
+            raise
+        store.sharded = True
+        return _pipelined(store, *store.calls.batch(op, False))
+
+
+def _pipelined(store: RedisStore, calls: list[ScriptCall], combine: Any) -> Any:
+    results: list[Any] = [None] * len(calls)
+    for client, indexes in store._by_node(calls):
+        for i, raw in zip(indexes, store._pipeline(client, calls, indexes), strict=True):
+            results[i] = calls[i].parse(raw)
+    return combine(results)
 
 
 def _scan(store: RedisStore, op: Scan) -> list[LockInfo]:

@@ -38,6 +38,7 @@ def hand_off(r: Records, key: str, lock: dict[str, Any], job: str, ttl: int, gra
     payload = lock.get("p")
     fence = r.next_fence(lock["f"])
     fields = {"j": job, "s": "q", "f": fence, "d": 0, "e": r.now + ttl, "c": int(grace >= ttl)}
+    fields["h"] = 1  # a handed-off lock (its history names it: a failed publish is written)
     r.put(r.name(key, "lock"), {**fields, "t": lock.get("t", ""), "a": r.now}, r.now + grace)
     return Handoff(job, payload)
 
@@ -270,7 +271,8 @@ def release(op: Release, r: Records) -> bool:
     ours = lock is not None and lock["j"] == op.job_id and not op.queued_only
     # never confirmed, no retry, no duplicate counted: no history entry names it, and a
     # failed publish leaves nothing behind
-    unpublished = ours and lock is not None and not (lock["c"] or lock.get("y") or lock["d"])
+    kept = lock is not None and (lock["c"] or lock.get("y") or lock.get("h") or lock["d"])
+    unpublished = ours and not kept
     released = _release(op, r)
     if released and not unpublished:
         remember_event(r, op.key, "freed", op.job_id, op.why)

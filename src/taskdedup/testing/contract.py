@@ -162,6 +162,20 @@ def test_a_keys_history_says_what_was_decided_newest_first(h: Harness) -> None:
     assert h.store.run(History(new_key())) == []
 
 
+def test_a_hand_off_whose_publish_failed_is_written_as_freed(h: Harness) -> None:
+    """The history names a handed-off job (rescheduled to), so its failed publish is written
+    too, unlike a fresh lock's, which no entry names."""
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(acquire(k, "B", payload="[]"))
+    h.store.run(claim(k, "A", "hold"))
+    done = h.store.run(Finish(k, "A", False, HOUR, handoff_job_id="H", grace_ms=60_000))
+    assert done.handoff is not None and done.handoff.job_id == "H"
+    h.store.run(Release(k, "H", why="publish_failed"))
+    seen = [(e.what, e.job_id, e.detail) for e in h.store.run(History(k))][:2]
+    assert seen == [("freed", "H", ("publish_failed",)), ("finished", "A", ("rescheduled", "H"))]
+
+
 def test_the_ordinary_life_of_a_job_leaves_only_its_record(h: Harness) -> None:
     """G17: a job enqueued, confirmed, run and finished leaves one record behind (its own,
     for the redelivery guard), no history and no counter; a failed publish leaves nothing."""

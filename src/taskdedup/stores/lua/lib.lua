@@ -49,6 +49,8 @@ local function next_fence(last)
 end
 
 -- Hand the enqueue lock to a new job id (reschedule_once); returns the kept payload or false.
+-- 'h' marks a handed-off lock: its history names it (rescheduled to), so a failed publish of
+-- it is written as freed.
 local function hand_off(lock_key, job, ttl_ms, grace_ms)
   local old = redis.call('HMGET', lock_key, 'p', 't', 'f')
   local fence = next_fence(old[3])
@@ -57,7 +59,7 @@ local function hand_off(lock_key, job, ttl_ms, grace_ms)
   local confirmed = '0'
   if grace_ms >= ttl_ms then confirmed = '1' end  -- no confirmation asked for
   redis.call('HSET', lock_key, 'j', job, 's', 'q', 'f', int(fence), 'd', '0',
-    'e', int(now + ttl_ms), 'c', confirmed, 't', old[2] or '', 'a', int(now))
+    'e', int(now + ttl_ms), 'c', confirmed, 't', old[2] or '', 'a', int(now), 'h', '1')
   redis.call('PEXPIRE', lock_key, grace_ms)
   return old[1]
 end

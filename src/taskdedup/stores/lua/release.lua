@@ -9,10 +9,12 @@ local function release()
     if redis.call('HGET', KEYS[1], 's') ~= 'q' then return 0 end
     return release_if_holder(KEYS[1], ARGV[1])
   end
-  -- unconfirmed, no retry ('y') and no duplicate counted: no history entry names it
-  local lock = redis.call('HMGET', KEYS[1], 'c', 'y', 'd')
+  -- unconfirmed, no retry ('y'), no hand-off ('h'), no duplicate counted: no history entry
+  -- names it
+  local lock = redis.call('HMGET', KEYS[1], 'c', 'y', 'd', 'h')
   local released = release_if_holder(KEYS[1], ARGV[1])
-  if released == 1 and lock[1] == '0' and not lock[2] and (lock[3] or '0') == '0' then
+  if released == 1 and lock[1] == '0' and not lock[2] and (lock[3] or '0') == '0'
+      and not lock[4] then
     unpublished = true
   end
   return released + release_if_holder(KEYS[2], ARGV[1])

@@ -21,8 +21,8 @@ def remember_claim(r: Records, key: str, job_id: str, reply: ClaimReply) -> Clai
     """The claim's answer in the key's history (as claim.lua records it): a run is not written
     there (the job's record has it), a delivery that waits or is dropped is."""
     if reply.outcome == "run":
-        pass
-    elif reply.outcome == "done":
+        return reply
+    if reply.outcome == "done":
         remember_event(r, key, "copy_dropped", job_id)
     elif reply.outcome == "exhausted":
         remember_event(r, key, "exhausted", job_id, reply.attempts)

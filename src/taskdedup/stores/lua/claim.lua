@@ -103,9 +103,8 @@ redis.call('PEXPIRE', KEYS[3], lease + memory)
 return {'run', fence, int(attempts), owner, handoff, payload}
 end
 local reply = decide()
-if reply[1] == 'run' then
-  -- (the job's record has it)
-elseif reply[1] == 'done' then
+if reply[1] == 'run' then return reply end  -- (the job's record has it)
+if reply[1] == 'done' then
   remember_event(KEYS[1], 'copy_dropped', ARGV[1])
 elseif reply[1] == 'exhausted' then
   remember_event(KEYS[1], 'exhausted', ARGV[1], reply[3])

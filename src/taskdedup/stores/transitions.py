@@ -43,6 +43,18 @@ def hand_off(r: Records, key: str, lock: dict[str, Any], job: str, ttl: int, gra
     return Handoff(job, payload)
 
 
+def count_duplicate(
+    r: Records, key: str, lock: dict[str, Any], job: str, payload: str | None
+) -> None:
+    """One more duplicate of the lock's holder: counted, the latest payload kept
+    (reschedule_once), the holder's first written to the key's history (lib.lua's twin)."""
+    lock["d"] += 1
+    if payload is not None:
+        lock["p"] = payload
+    if lock["d"] == 1:
+        remember_event(r, key, "deduplicated", job, lock["j"])
+
+
 def acquire(op: Acquire, r: Records) -> AcquireReply:
     name = r.name(op.key, "lock")
     lock = r.get(name)
@@ -50,11 +62,7 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
         return AcquireReply(True, op.job_id, lock["f"], lock["d"])
     if lock is not None:
         if op.record_duplicate:
-            lock["d"] += 1
-            if op.payload is not None:
-                lock["p"] = op.payload
-            if lock["d"] == 1:  # the history has a holder's first duplicate (as acquire.lua)
-                remember_event(r, op.key, "deduplicated", op.job_id, lock["j"])
+            count_duplicate(r, op.key, lock, op.job_id, op.payload)
         return AcquireReply(
             False, lock["j"], lock["f"], lock["d"], pending=lock["s"] == "q" and lock["c"] == 0
         )
@@ -73,9 +81,7 @@ def peek(op: Peek, r: Records) -> AcquireReply | None:
     if lock["s"] == "q" and lock["c"] == 0:
         return AcquireReply(False, lock["j"], lock["f"], lock["d"], pending=True)
     if op.record_duplicate:
-        lock["d"] += 1
-        if lock["d"] == 1:
-            remember_event(r, op.key, "deduplicated", "-", lock["j"])  # (no job id was made)
+        count_duplicate(r, op.key, lock, "-", None)  # (no job id was made)
     return AcquireReply(False, lock["j"], lock["f"], lock["d"])
 
 

@@ -36,15 +36,7 @@ end
 if lock[1] then
   local dups = lock[3] or '0'
   local count = tonumber(dups) + 1
-  if ARGV[4] == '1' then
-    dups = tostring(count)
-    if payload then
-      redis.call('HSET', KEYS[1], 'd', dups, 'p', payload)
-    else
-      redis.call('HSET', KEYS[1], 'd', dups)
-    end
-    if count == 1 then remember_event(KEYS[1], 'deduplicated', ARGV[1], lock[1]) end
-  end
+  if ARGV[4] == '1' then dups = count_duplicate(KEYS[1], dups, lock[1], ARGV[1], payload) end
   -- a lock without a ttl (not one we wrote: every lock we write expires, G9) would hold its
   -- key for good: it gets this call's ttl. Checked at a holder's first duplicate and every
   -- 64th (and at each uncounted one: dry runs), so most duplicates stay two commands.
@@ -61,12 +53,9 @@ local fence = int(next_fence(false))
 local confirmed = '0'
 if grace >= ttl or KEYS[2] then confirmed = '1'; grace = ttl end
 local now = now_ms()  -- 't' and 'a': the task and since when, for the tools
-if KEYS[2] then
-  redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0',
-    'e', int(now + ttl), 'c', confirmed, 't', ARGV[5], 'a', int(now), 'm', '1')
-else
-  redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0',
-    'e', int(now + ttl), 'c', confirmed, 't', ARGV[5], 'a', int(now))
-end
+local fields = {'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0', 'e', int(now + ttl),
+  'c', confirmed, 't', ARGV[5], 'a', int(now)}
+if KEYS[2] then fields[#fields + 1] = 'm'; fields[#fields + 1] = '1' end  -- (pushed with it)
+redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('PEXPIRE', KEYS[1], grace)
 return '1 ' .. fence .. ' 0 ' .. ARGV[1]

@@ -64,6 +64,20 @@ local function hand_off(lock_key, job, ttl_ms, grace_ms)
   return old[1]
 end
 
+-- One more duplicate of the holder of ``lock_key`` (its count ``dups`` so far): counted, the
+-- latest payload kept (reschedule_once), and the holder's first written to the key's history
+-- (``job``: the duplicate's id, '-' when none was made). Returns the new count.
+local function count_duplicate(lock_key, dups, holder, job, payload)
+  local count = tostring(tonumber(dups) + 1)
+  if payload then
+    redis.call('HSET', lock_key, 'd', count, 'p', payload)
+  else
+    redis.call('HSET', lock_key, 'd', count)
+  end
+  if count == '1' then remember_event(lock_key, 'deduplicated', job, holder) end
+  return count
+end
+
 local function release_if_holder(key, job)
   if redis.call('HGET', key, 'j') == job then
     redis.call('DEL', key)

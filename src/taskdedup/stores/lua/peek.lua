@@ -7,12 +7,7 @@ local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 'c', 's')
 if not lock[1] then return false end
 local dups = lock[3] or '0'
 if lock[4] == '0' and lock[5] == 'q' then return 'p ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1] end
-if ARGV[1] == '1' then
-  local first = dups == '0'
-  dups = tostring(tonumber(dups) + 1)
-  redis.call('HSET', KEYS[1], 'd', dups)
-  if first then  -- (as acquire: the history has a holder's first duplicate)
-    remember_event(KEYS[1], 'deduplicated', '-', lock[1])  -- (no job id was made for it)
-  end
+if ARGV[1] == '1' then  -- (no job id was made for it)
+  dups = count_duplicate(KEYS[1], dups, lock[1], '-', nil)
 end
 return '0 ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]

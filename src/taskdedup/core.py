@@ -40,6 +40,8 @@ from .errors import StoreUnavailable
 from .flow import Flow, adrive, drive
 from .policy import TaskPolicy
 from .settings import Settings
+from .stores import sends_early
+from .ticks import ScheduledTicks
 from .stores.base import AcquireReply, Lease, Op, Release, Store
 
 log = logging.getLogger("taskdedup")
@@ -134,7 +136,7 @@ class Runner:
         """Write ``step``'s operation and answer at once; :attr:`late` reads the reply."""
         assert step.answer_now is not None
         try:
-            sent = self.store.send(step.op)
+            sent = self.store.send(step.op) if sends_early(self.store) else None
             if sent is not None and sent.written:
                 self.late.add(sent, step)
                 return step.answer_now()
@@ -235,6 +237,7 @@ class Deduplicator(Runner):
     ) -> None:
         super().__init__(store, settings)
         self._owner = owner
+        self.ticks = ScheduledTicks(self.note)  # a scheduler's skipped ticks, said once
 
     @property
     def owner(self) -> str:

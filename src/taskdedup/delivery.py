@@ -23,7 +23,7 @@ from .errors import QuotaExceeded, StoreUnavailable
 from .flow import Flow, ask
 from .policy import TaskPolicy
 from .reservations import ReservationGuard
-from .stores.base import Handoff, JobState, Lease
+from .stores.base import Handoff, Inspect, JobState, Lease
 
 log = logging.getLogger("taskdedup")
 
@@ -51,6 +51,12 @@ class Delivery:
     kwargs: Mapping[str, Any] | None = None
     queue: str | None = None
     waits: Waits = dataclasses.field(default_factory=Waits)
+
+    def lock_key(self) -> str | None:
+        """The job's dedup key: the one its message carries, else computed again."""
+        if self.policy is None:
+            return None
+        return self.key or self.policy.key_for(self.args, self.kwargs or {}, self.queue)
 
 
 Action = Literal["run", "resend", "drop"]
@@ -205,3 +211,56 @@ def discard(
     why = "terminated" if killed else "discarded"  # (revoked or expired: the adapter logs it)
     freed: bool = yield dedup.plan_release(key, job_id, task=task, queued_only=not killed, why=why)
     return freed
+
+
+#: How long a delivery the broker will not take back (it is down too) waits in the worker for
+#: its claim before it gives up (:func:`when_resend_refused`).
+STAY_AT_MOST = 600.0
+Refused = Literal["fail_and_free", "requeue", "fail"]
+
+
+def when_resend_refused(admission: Admission | None, acks_late: bool) -> Refused:
+    """The broker would not take a delivery back for :data:`STAY_AT_MOST` seconds. If the store
+    never answered, the job fails visibly, its lock freed first (G5: ``fail_and_free``). If
+    another run holds the key (busy) or this very job runs elsewhere (a copy of it), nothing
+    here is ours to free: a delivery the broker can still take back (acks_late) goes back to
+    it (``requeue``), and so does a copy of a running job acknowledged already (the job runs,
+    renewing its lease, and a failure would be written under its id while it runs). A busy
+    job acknowledged already fails visibly (``fail``)."""
+    outcome = admission.outcome if admission is not None else "store_unavailable"
+    if outcome == "store_unavailable":
+        return "fail_and_free"
+    if acks_late or outcome == "running":
+        return "requeue"
+    return "fail"
+
+
+#: What a job record says of a holder: running under a live lease, queued, finished, no
+#: record, or the store could not say.
+HolderRecord = Literal["running", "queued", "finished", "none", "unknown"]
+
+
+def holder_may_end(key: str, holder: str, *, revoked: bool = False) -> Flow[bool]:
+    """Whether a key's holder may still end with a result (a canvas member that follows it
+    waits while it may): its lock or run lock names it, or its job record says it runs under
+    a live lease, or the store cannot say. A holder marked revoked may only while its record
+    says it runs: a plain revoke does not stop a running job."""
+    if revoked:
+        return (yield from holder_record(key, holder)) == "running"
+    try:
+        info = yield Inspect(key)
+    except StoreUnavailable:
+        return True  # cannot tell: keep waiting, the result backend may still answer
+    if info is not None and holder in (info.job_id, info.running_job):
+        return True
+    return (yield from holder_record(key, holder)) in ("running", "unknown")
+
+
+def holder_record(key: str, job_id: str) -> Flow[HolderRecord]:
+    """What the store's record of ``job_id`` under ``key`` says (written at claim, renewed by
+    heartbeats, marked finished at finish); "unknown" only when the store could not answer."""
+    try:
+        state: HolderRecord = yield JobState(key, job_id)
+    except StoreUnavailable:
+        return "unknown"
+    return state

@@ -194,6 +194,12 @@ class TaskPolicy:
     fn: Callable[..., Any] | None
     policy: Policy
 
+    @property
+    def keeps_arguments(self) -> bool:
+        """Whether a duplicate's arguments are kept for the run it owes (reschedule_once):
+        only then does a caller serialize them."""
+        return self.policy.on_conflict == "reschedule_once"
+
     def key_for(
         self,
         args: Sequence[Any] = (),

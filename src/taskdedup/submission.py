@@ -1,5 +1,10 @@
-"""One call submitted with an idempotency key or under a reservation cap, written once for both
-adapters.
+"""One call submitted, whatever its route, written once for both adapters.
+
+Every way a job is sent (a plain call, an idempotency key, a reservation cap, a retry, a canvas
+member, a scheduler's tick, the run a reschedule owes) goes through :func:`submit`: the adapter
+reads the framework's facts once into a :class:`Call` and maps the :class:`Taken` it gets back
+to the framework (publish, or hand the caller the existing job). A store that takes the lock
+in the broker's own push answers through :func:`after_push` instead.
 
 The order is the design's: the idempotency key first (a hit publishes nothing and takes no
 slot), then the task's dedup policy (a duplicate takes no slot, and the key then answers the
@@ -24,6 +29,8 @@ from .errors import DuplicateJob, QuotaExceeded, StoreUnavailable
 from .flow import Flow, ask
 from .idempotency import IdempotencyKeys, Recall, fingerprint
 from .policy import TaskPolicy
+from .settings import Settings
+from .stores.base import AcquireReply
 from .recent import RecentKeys
 from .reservations import ReservationGuard, ReservePolicy
 
@@ -47,7 +54,20 @@ class Call:
     queue: str | None = None
     payload: str | None = None  # the call, kept for reschedule_once
     expires_in: float | None = None
-    scheduled: bool = False  # a scheduler's tick: a duplicate is skipped, never DuplicateJob
+    #: a scheduler's tick, named by its schedule entry: a duplicate is skipped (never
+    #: DuplicateJob) and said once per entry while it stays skipped
+    scheduled: str | None = None
+    key: str | None = None  # the call's dedup key, when already known (else computed)
+    scope: str | None = None  # a retry: the scope whose slot its message names
+    retry: bool = False  # a retry of ``job_id`` (after ``attempt`` failed): it keeps its lock
+    attempt: int = 0
+    #: a canvas member: a duplicate follows its holder (never DuplicateJob), and a worker's
+    #: step is sent even when the store is down (``in_worker``), never lost
+    member: bool = False
+    in_worker: bool = False
+    #: the call's arguments in the framework's serializer, for a policy that keeps the latest
+    #: duplicate's arguments (reschedule_once): asked for only then
+    dump: Callable[[], str] | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -61,6 +81,20 @@ class Taken:
     ticket: Ticket | None = None
     recall: Recall | None = None
     scope: str | None = None  # the scope whose slot the job holds, for the message
+
+
+def submit(
+    dedup: Deduplicator,
+    keys: IdempotencyKeys,
+    guard: ReservationGuard,
+    recent: RecentKeys,
+    call: Call,
+) -> Flow[Taken]:
+    """What one call takes before its publish, whatever its route: a retry keeps its lock and
+    slot; any other call goes through its idempotency key, dedup policy and cap."""
+    if call.retry:
+        return (yield from keep_for_retry(dedup, guard, call, call.key, call.scope, call.attempt))
+    return (yield from take(dedup, keys, guard, recent, call))
 
 
 def take(
@@ -149,25 +183,52 @@ def held_lately(
     return dataclasses.replace(step, done=noted)
 
 
-def _enqueue(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Flow[Ticket]:
-    plan = dedup.plan_enqueue(
+def plan_call(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Ticket | Step[Ticket]:
+    """The enqueue decision of ``call``, planned (its arguments kept only for a policy that
+    keeps the latest duplicate's)."""
+    payload = call.payload
+    if payload is None and call.dump is not None and policy.keeps_arguments:
+        payload = call.dump()
+    return dedup.plan_enqueue(
         policy,
         call.args,
         call.kwargs,
         call.job_id,
         queue=call.queue,
         delay=call.delay,
-        payload=call.payload,
+        payload=payload,
+        key=call.key,
         expires_in=call.expires_in,
+        quiet=call.scheduled is not None,
     )
+
+
+def _enqueue(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Flow[Ticket]:
     try:
-        return (yield from ask(plan))
+        ticket = yield from ask(plan_call(dedup, policy, call))
     except DuplicateJob as dup:
-        if not call.scheduled:
+        if call.scheduled is None and not call.member:
             raise
-        # a scheduler never sees DuplicateJob: the duplicate tick is skipped quietly
-        log.info("taskdedup: scheduled %s skipped: job %s holds it", call.task, dup)
-        return Ticket("duplicate", dup.job_id, dup.key)
+        # a scheduler never sees DuplicateJob, and a canvas member follows its holder
+        ticket = Ticket("duplicate", dup.job_id, dup.key)
+    except StoreUnavailable:  # (on_store_error="raise")
+        if not (call.member and call.in_worker):
+            raise
+        ticket = Ticket("store_unavailable", call.job_id, None)  # a worker's step: never lost
+    if call.scheduled is not None:
+        dedup.ticks.saw(call.task, call.scheduled, ticket)
+    return ticket
+
+
+def key_of(
+    policy: TaskPolicy,
+    key: str | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    queue: str | None,
+) -> str:
+    """A job's dedup key: the one its message carries, else computed from its arguments."""
+    return key or policy.key_for(args, kwargs or {}, queue)
 
 
 def keep_for_retry(
@@ -183,7 +244,7 @@ def keep_for_retry(
     until it starts. ``key``: the key the message carries (else computed)."""
     taken = Taken("publish", call.job_id)
     if call.policy is not None:
-        key = key or call.policy.key_for(call.args, call.kwargs, call.queue)
+        key = key_of(call.policy, key, call.args, call.kwargs, call.queue)
         plan = dedup.plan_retry(call.policy, key, call.job_id, call.delay, attempt)
         yield from ask(plan)
         active = dedup.active(call.policy.task)  # else no store command at all (G16)
@@ -245,3 +306,93 @@ def give_back(
         yield from keys.publish_failed_flow(taken.recall)
     if taken.scope is not None:
         yield from guard.give_back_flow(taken.scope, taken.job_id)
+
+
+# ---------------------------------------------------------------- the lock taken in the push
+
+
+def may_fuse(policy: TaskPolicy, settings: Settings, *, errors_leave_publish: bool) -> bool:
+    """Whether a plain call of ``policy`` may take its lock in the broker's own push (a store
+    that :class:`~taskdedup.stores.base.PushesWithLock`, on the broker's server). Not in a
+    dry run (nothing is decided), and not when the call must raise DuplicateJob or
+    StoreUnavailable as themselves and the framework wraps an error raised in its publish
+    (``errors_leave_publish`` False: taskiq's kick turns them into SendTaskError)."""
+    if not settings.fused_publish or settings.dry_run:
+        return False
+    raises = policy.policy.on_conflict == "raise" or settings.on_store_error == "raise"
+    return errors_leave_publish or not raises
+
+
+def lock_taken(reply: AcquireReply) -> bool:
+    """Whether an acquire run in the push took the lock (so the message went out with it)."""
+    return reply.acquired
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pushed:
+    """What became of a call whose acquire ran in its message's push. ``answer``: ``pushed``
+    (the message is in the queue under its lock: nothing more to do), ``duplicate`` (nothing
+    was pushed: hand the caller the holder ``ticket.job_id``), ``publish`` (nothing was pushed:
+    publish it now, then confirm ``ticket``; its lock is ours if the holder's publish failed)."""
+
+    answer: Literal["pushed", "duplicate", "publish"]
+    ticket: Ticket
+
+
+def after_push(dedup: Deduplicator, step: Step[Ticket], reply: AcquireReply) -> Flow[Pushed]:
+    """Read the reply of ``step``'s acquire run with the push: a holder still being published
+    is asked about again (counted once) until it is confirmed or gone."""
+    reply = dedup.published_here(reply)
+    if reply.acquired:
+        return Pushed("pushed", step.done(reply))
+    if step.waits is not None and step.waits(reply) is not None:
+        ticket = yield dataclasses.replace(step, op=step.again or step.op)
+    else:
+        ticket = step.done(reply)
+    return Pushed("duplicate" if ticket.deduplicated else "publish", ticket)
+
+
+# ---------------------------------------------------------------- the run a reschedule owes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SendOwed:
+    """A request for the adapter: publish the run a reschedule owes, as it is (no dedup, no
+    cap), under ``job_id`` with the key (and the slot's scope) in its message."""
+
+    job_id: str
+    key: str
+    scope: str | None
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
+
+
+def publish_owed(
+    dedup: Deduplicator,
+    keys: IdempotencyKeys,
+    guard: ReservationGuard,
+    owed: Call,
+    payload: str | None,
+    load: Callable[[str], tuple[Sequence[Any], Mapping[str, Any]]],
+) -> Flow[None]:
+    """Publish the one run reschedule_once owes (``owed``: its task, key and job id, and the
+    arguments of the run in hand): with the latest duplicate's arguments (``payload``, read
+    by ``load``) if it kept them, in a slot of its scope if one is free. The adapter sends it
+    when the flow yields :class:`SendOwed`; a failure to send frees its lock and slot and is
+    logged: the run in hand goes on."""
+    assert owed.key is not None
+    args, kwargs = (owed.args, owed.kwargs) if payload is None else load(payload)
+    taken = yield from take_owed(
+        guard, owed.task, owed.fn, owed.limits, owed.key, owed.job_id, args, kwargs
+    )
+    try:
+        yield SendOwed(owed.job_id, owed.key, taken.scope, args, kwargs)
+    except Exception:
+        yield from give_back(dedup, keys, guard, taken)
+        log.exception(
+            "taskdedup: could not publish the rescheduled run %s[%s] (reschedule_once)",
+            owed.task,
+            owed.job_id,
+        )
+        return
+    published(dedup, keys, taken)

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..settings import Settings
-from ..stores import MemoryStore, RedisStore, Store
+from ..stores import Store, from_url
 from ..suggest import did_you_mean
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -76,6 +76,4 @@ def store_for_app(app: Any, settings: Settings) -> Store:
             "is Redis: set app.conf.taskdedup_url or TASKDEDUP_URL to a redis:// URL "
             "(or memory:// for a single process)"
         )
-    if url.startswith("memory://"):
-        return MemoryStore(**settings.store_options())
-    return RedisStore.from_url(url, **settings.store_options())
+    return from_url(url, **settings.store_options())

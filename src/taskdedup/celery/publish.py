@@ -24,7 +24,6 @@ from ..policy import TaskPolicy
 from ..recent import RecentKeys
 from ..reservations import ReservePolicy
 from ..stores.base import Acquire, Sent
-from ..stores.redis import RedisStore
 from ..submission import Call, held_lately, keep_for_retry, lately_key, published
 from .canvas import MIN_PATIENCE, continues, publish_follower, register, results_kept
 from .guarded import publish_guarded
@@ -287,7 +286,7 @@ class Publisher:
         """Publish with the lock taken where kombu pushes the message, or with the reply of
         the acquire ``sent`` early read just before the publish (see redis_push)."""
         dedup = self.integration.dedup
-        pending = PendingEnqueue(job_id, step, cast(RedisStore, dedup.store), sent=sent)
+        pending = PendingEnqueue(job_id, step, dedup.store, sent=sent)
         add_key(pending.op.key, options)
         token = PENDING.set(pending)
         try:

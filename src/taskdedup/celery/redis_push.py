@@ -25,15 +25,14 @@ import contextvars
 import dataclasses
 import threading
 import weakref
-from typing import Any
+from typing import Any, cast
 
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from ..decide import Step, Ticket
 from ..errors import StoreUnavailable
-from ..stores.base import Acquire, AcquireReply, Sent
-from ..stores.redis import RedisStore
+from ..stores.base import Acquire, AcquireReply, PushesWithLock, Sent, Store
 
 
 class NotPublished(Exception):
@@ -55,7 +54,7 @@ class PendingEnqueue:
 
     job_id: str
     step: Step[Ticket]
-    store: RedisStore
+    store: Store  # (one that PushesWithLock, when the push is fused)
     reply: AcquireReply | None = None
     ticket: Ticket | None = None  # set when the store was down (decided by on_store_error)
     fused: bool = False  # lock and message went out in one script
@@ -89,7 +88,7 @@ def _pending_for(message: Any) -> PendingEnqueue | None:
     return pending if _message_id(message) == pending.job_id else None
 
 
-def _shares_server(channel: Any, store: RedisStore) -> bool:
+def _shares_server(channel: Any, store: PushesWithLock) -> bool:
     answers = _shares.setdefault(channel, {})
     shares = answers.get(id(store))
     if shares is None:
@@ -140,7 +139,8 @@ def install_hooks() -> None:
             if pending is None:
                 return put(self, queue, message, **kwargs)
             expiring = self._expires and queue in self._expires
-            if "_publish_batch" in kwargs or expiring or not _shares_server(self, pending.store):
+            store = cast(PushesWithLock, pending.store)
+            if "_publish_batch" in kwargs or expiring or not _shares_server(self, store):
                 pending.batched = kwargs.get("_publish_batch") is not None
                 decide_first(pending)
                 return put(self, queue, message, **kwargs)
@@ -148,7 +148,7 @@ def install_hooks() -> None:
             name = self.global_keyprefix + self._q_for_pri(queue, priority)
             try:
                 message_text = dumps(message)  # type: ignore[no-untyped-call]
-                reply = pending.store.acquire_and_push(pending.op, name, message_text)
+                reply = store.acquire_and_push(pending.op, name, message_text)
             except StoreUnavailable as exc:
                 store_unavailable(pending, exc)
                 return put(self, queue, message, **kwargs)  # publish without dedup

@@ -19,7 +19,7 @@ from ..features import Features
 from ..policy import TaskPolicy
 from ..settings import Settings
 from ..startup import announce
-from ..stores import RedisStore, Store
+from ..stores import Store, pushes_with_lock, sends_early
 from . import signals
 from .config import settings_from_app, store_for_app
 from .redis_push import hook_send_task_message, install_hooks
@@ -134,9 +134,9 @@ class CeleryDedup(Features):
             store = self.dedup.store
             fused = (
                 self.settings.fused_publish
-                and isinstance(store, RedisStore)
-                and store.url is not None
-                and store.url == self.app.conf.broker_url
+                and pushes_with_lock(store)
+                and getattr(store, "url", None) is not None
+                and getattr(store, "url", None) == self.app.conf.broker_url
                 and not self.settings.dry_run
                 and isinstance(self.app.connection_for_write().transport, Transport)
             )
@@ -151,7 +151,7 @@ class CeleryDedup(Features):
         message and reads the reply just before the publish (a Redis store; see redis_push)."""
         if self._early is None:
             with self._mutex:  # hooked before any thread can see the answer
-                early = isinstance(self.dedup.store, RedisStore) and not self.fused_publish
+                early = sends_early(self.dedup.store) and not self.fused_publish
                 if early:
                     hook_send_task_message(self.app.amqp)
                 self._early = early

@@ -35,9 +35,9 @@ def resolve(app: str | None, broker_module: str | None, url: str | None, prefix:
     if broker_module is not None:
         return _taskiq(broker_module)
     if url is not None:
-        from ..stores.redis import RedisStore
+        from ..stores import from_url
 
-        return Target(RedisStore.from_url(url, key_prefix=prefix), Settings(), {})
+        return Target(from_url(url, key_prefix=prefix), Settings(), {})
     raise click.UsageError(
         "say where the locks are: -A proj.celery_app (a Celery app that calls "
         "taskdedup.celery.install), --broker-module proj.tasks:broker (a taskiq broker with "

@@ -29,6 +29,7 @@ def plan_enqueue(
     payload: str | None = None,
     key: str | None = None,
     expires_in: float | None = None,
+    quiet: bool = False,
 ) -> Ticket | Step[Ticket]:
     """A Ticket when no store call is needed, else the Step whose ``op`` is an
     :class:`Acquire` (raises KeyEncodingError for bad arguments). ``key``: the call's key,
@@ -36,7 +37,9 @@ def plan_enqueue(
     broker's job will never start (Celery's ``expires``); its lock then lives no longer than
     that plus ``grace``, so a job that expires unseen does not hold its key for the whole ttl
     (G13). A job that starts in time takes its lock's life at its claim. ``holder_pending``:
-    how long to wait before asking again about a holder whose publish is not confirmed yet."""
+    how long to wait before asking again about a holder whose publish is not confirmed yet.
+    ``quiet``: a duplicate is logged at DEBUG (a scheduler's tick, said once per entry by
+    the caller instead)."""
     p, task = tp.policy, tp.task
     if not active(settings, task) or p.strategy not in ENQUEUE_LOCKING:
         return Ticket("skipped", job_id, None)
@@ -76,7 +79,7 @@ def plan_enqueue(
         note(
             "enqueue",
             "would_deduplicate" if dry else "duplicate",
-            logging.INFO,
+            logging.DEBUG if quiet else logging.INFO,
             task,
             key=key,
             holder=reply.holder,

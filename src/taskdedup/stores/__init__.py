@@ -1,16 +1,66 @@
-"""Lock stores: the protocol, an in-memory store and a Redis store (imported lazily)."""
+"""Lock stores: the protocol, an in-memory store and a Redis store (imported lazily).
+
+:func:`from_url` builds any of them from its URL; an adapter asks a store what it can do by
+protocol (:func:`sends_early`, :func:`pushes_with_lock`), never by its class.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import TYPE_CHECKING, Any, TypeGuard
+from urllib.parse import urlsplit
 
-from .base import Store
+from ..errors import ConfigError
+from .base import PushesWithLock, SendsEarly, Store
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
     from .redis import RedisStore
 
-__all__ = ["MemoryStore", "RedisStore", "Store"]
+__all__ = ["MemoryStore", "RedisStore", "Store", "from_url", "pushes_with_lock", "sends_early"]
+
+#: The URL schemes :func:`from_url` knows, and the store each one makes.
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel")
+SCHEMES = (*REDIS_SCHEMES, "memory")
+
+
+def from_url(url: str, **options: Any) -> Store:
+    """The store for ``url``: ``memory://`` (one process), or Redis (``redis://``,
+    ``rediss://``, ``unix://``, ``redis+cluster://``, ``redis+sentinel://``). ``options`` are
+    the store's own (``key_prefix``, ``history``, a Redis client's options)."""
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        return MemoryStore(**options)
+    if scheme in REDIS_SCHEMES:
+        from .redis import RedisStore
+
+        return RedisStore.from_url(url, **options)
+    raise ConfigError(
+        f"unsupported store url {url!r}: use one of " + ", ".join(f"{s}://" for s in SCHEMES)
+    )
+
+
+_capabilities: weakref.WeakKeyDictionary[Store, tuple[bool, bool]] = weakref.WeakKeyDictionary()
+
+
+def _capabilities_of(store: Store) -> tuple[bool, bool]:
+    found = _capabilities.get(store)
+    if found is None:  # (a protocol check is slow-ish: once per store)
+        found = _capabilities[store] = (
+            isinstance(store, SendsEarly),
+            isinstance(store, PushesWithLock),
+        )
+    return found
+
+
+def sends_early(store: Store) -> TypeGuard[SendsEarly]:
+    """Whether ``store`` can write an operation now and read its reply later."""
+    return _capabilities_of(store)[0]
+
+
+def pushes_with_lock(store: Store) -> TypeGuard[PushesWithLock]:
+    """Whether ``store`` can take a lock and push a message in one atomic step."""
+    return _capabilities_of(store)[1]
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -390,16 +390,45 @@ class Store(abc.ABC):
     async def arun(self, op: Op[R]) -> R:
         """The asyncio twin of :meth:`run`."""
 
-    def send(self, op: Op[R]) -> Sent[R] | None:
-        """Write ``op`` now, to read its reply later; None where this store cannot (the caller
-        then runs it). Only a store on the far side of a socket gains anything by it."""
-        return None
-
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the default has none."""
 
     async def aclose(self) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------- optional capabilities
+# An adapter asks a store for these by protocol (``isinstance(store, SendsEarly)``), never by
+# its class: a new store offers a faster path by having the methods, with no adapter edited.
+
+
+@runtime_checkable
+class SendsEarly(Protocol):
+    """A store that can write an operation now and read its reply later, so its caller
+    overlaps the round trip with other work (Celery builds the message meanwhile)."""
+
+    def send(self, op: Op[R]) -> Sent[R] | None:
+        """Write ``op`` now; None where it cannot be written this way (then run it)."""
+
+
+@runtime_checkable
+class PushesWithLock(Protocol):
+    """A store that can take an enqueue lock and push the job's message onto a broker's list
+    in one atomic step, when the broker keeps its queues on the store's own server: lock and
+    message then exist together or not at all (no confirmation needed, G11)."""
+
+    url: str | None
+
+    def shares_server(self, connection_kwargs: dict[str, Any]) -> bool:
+        """Whether a broker client with these connection settings writes to this server."""
+
+    def acquire_and_push(self, op: Acquire, queue: str, message: str | bytes) -> AcquireReply:
+        """Run ``op``; when the lock is ours, push ``message`` onto ``queue`` in the same step."""
+
+    async def aacquire_and_push(
+        self, op: Acquire, queue: str, message: str | bytes
+    ) -> AcquireReply:
+        """The asyncio twin of :meth:`acquire_and_push`."""
 
 
 def scope_key(scope: str) -> str:

@@ -16,7 +16,7 @@ from ..features import Features
 from ..policy import TaskPolicy
 from ..settings import Settings
 from ..startup import announce
-from ..stores import MemoryStore, RedisStore, Store
+from ..stores import Store, from_url
 from .options import Policies, declared
 
 
@@ -69,16 +69,14 @@ class DedupState(TaskiqMiddleware, Features, Callbacks):
     def _default_store(self) -> Store:
         url, told = self.settings.url, self.settings.store_options()
         if url is not None:
-            if url.startswith("memory://"):
-                return MemoryStore(**told)
-            return RedisStore.from_url(url, **told)
+            return from_url(url, **told)
         pool = getattr(self.broker, "connection_pool", None)
         if pool is not None and type(pool).__module__.startswith("redis.asyncio"):
-            return RedisStore.from_url(_url_of(pool), **told)
+            return from_url(_url_of(pool), **told)
         from taskiq import InMemoryBroker
 
         if isinstance(self.broker, InMemoryBroker):
-            return MemoryStore(**told)
+            return from_url("memory://", **told)
         raise ConfigError(
             f"taskdedup needs a store and the broker ({type(self.broker).__name__}) is not "
             "a taskiq-redis one: pass DedupMiddleware('redis://...') or set TASKDEDUP_URL "

@@ -18,7 +18,7 @@ from celery.contrib.testing.worker import start_worker
 from celery.signals import task_postrun
 
 from harness import wait_for
-from taskdedup import RedisStore
+from taskdedup import RedisStore, delivery
 from taskdedup.celery import deduplicate, install
 from taskdedup.celery import worker as celery_worker
 from taskdedup.celery.messages import KEY_HEADER, RESEND_OPTION
@@ -52,7 +52,7 @@ def test_a_copy_of_a_running_job_that_cannot_be_sent_back_leaves_that_jobs_key_h
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
             first = report.delay("mon")
             assert started.wait(20), "the worker never ran the job"
-            monkeypatch.setattr(celery_worker, "STAY_AT_MOST", 0.0)  # give up at once
+            monkeypatch.setattr(delivery, "STAY_AT_MOST", 0.0)  # give up at once
             monkeypatch.setattr(celery_worker, "resend", broker_refuses)
             # a copy of the running job arrives (a redelivery): it cannot be sent back
             report.apply_async(
@@ -107,7 +107,7 @@ def test_a_job_whose_key_is_busy_and_cannot_be_sent_back_goes_back_to_the_broker
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
             a = report.delay("mon")
             assert started.wait(20), "the worker never ran A"
-            monkeypatch.setattr(celery_worker, "STAY_AT_MOST", 0.0)  # give up at once
+            monkeypatch.setattr(delivery, "STAY_AT_MOST", 0.0)  # give up at once
             monkeypatch.setattr(celery_worker, "resend", broker_refuses)
             b = report.delay("mon")
             assert b.id != a.id
@@ -156,7 +156,7 @@ def test_a_copy_of_a_running_job_acked_early_that_cannot_be_sent_back_fails_noth
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
             first = report.delay("mon")
             assert started.wait(20), "the worker never ran the job"
-            monkeypatch.setattr(celery_worker, "STAY_AT_MOST", 0.0)  # give up at once
+            monkeypatch.setattr(delivery, "STAY_AT_MOST", 0.0)  # give up at once
             monkeypatch.setattr(celery_worker, "resend", broker_refuses)
             report.apply_async(
                 ("mon",), task_id=first.id, headers=dict(keys), **{RESEND_OPTION: True}

@@ -29,10 +29,10 @@ from .errors import DuplicateJob, QuotaExceeded, StoreUnavailable
 from .flow import Flow, ask
 from .idempotency import IdempotencyKeys, Recall, fingerprint
 from .policy import TaskPolicy
-from .settings import Settings
-from .stores.base import AcquireReply
 from .recent import RecentKeys
 from .reservations import ReservationGuard, ReservePolicy
+from .settings import Settings
+from .stores.base import Acquire, AcquireReply, PushesWithLock
 
 log = logging.getLogger("taskdedup")
 
@@ -321,6 +321,22 @@ def may_fuse(policy: TaskPolicy, settings: Settings, *, errors_leave_publish: bo
         return False
     raises = policy.policy.on_conflict == "raise" or settings.on_store_error == "raise"
     return errors_leave_publish or not raises
+
+
+def push_with_lock(
+    store: PushesWithLock, step: Step[Ticket], queue: str, message: str | bytes
+) -> AcquireReply:
+    """Run an enqueue step's acquire with the push of ``message`` onto ``queue``."""
+    assert isinstance(step.op, Acquire)
+    return store.acquire_and_push(step.op, queue, message)
+
+
+async def apush_with_lock(
+    store: PushesWithLock, step: Step[Ticket], queue: str, message: str | bytes
+) -> AcquireReply:
+    """The asyncio twin of :func:`push_with_lock`."""
+    assert isinstance(step.op, Acquire)
+    return await store.aacquire_and_push(step.op, queue, message)
 
 
 def lock_taken(reply: AcquireReply) -> bool:

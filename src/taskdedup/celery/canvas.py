@@ -31,29 +31,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from celery import states
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 
-from ..errors import StoreUnavailable
-from ..stores.base import Inspect, JobState, Store
+from ..delivery import holder_may_end
 from .messages import queue_of
 from .state import CeleryDedup
 
 log = logging.getLogger("taskdedup")
 
 FOLLOW_TASK = "taskdedup.follow"
-#: Options of a message that someone waits on or that carries its continuation.
-CANVAS_OPTIONS = ("chain", "link", "link_error", "group_id", "chord", "parent_id")
 FIRST_POLL = 0.25  # seconds before the follower first looks at its holder again
 LAST_POLL = 5.0  # the longest wait between two looks (the countdown doubles up to it)
 MIN_PATIENCE = 2.0  # seconds a holder may look gone before the follower stops waiting
-
-#: What the job record of a holder says: running under a live lease, finished, no record, or
-#: the store could not say.
-Record = Literal["running", "queued", "finished", "none", "unknown"]
 
 #: Options of the duplicate's publish the follower must not take over (its own are set here).
 #: ``expires`` is the duplicate's own deadline to start; the follower waits for a holder that
@@ -67,23 +60,6 @@ _NOT_FOLLOWED = (
     "serializer",
     "expires",
 )
-
-#: Reads ``HMGET s u`` of a job record and the server's clock in ms (one key: Cluster-safe).
-
-
-def continues(options: dict[str, Any]) -> bool:
-    """Whether a publish carries a continuation, a canvas membership, or is a canvas step.
-    (Spelled out rather than a loop over CANVAS_OPTIONS: it runs on every deduplicated
-    publish.)"""
-    get = options.get
-    return bool(
-        get("chain")
-        or get("link")
-        or get("link_error")
-        or get("group_id")
-        or get("chord")
-        or get("parent_id")
-    )
 
 
 def results_kept(integ: CeleryDedup, task: Any) -> bool:
@@ -222,21 +198,9 @@ class Follower:
         )
 
     def _alive(self, key: str, holder: str, revoked: bool = False) -> bool:
-        """Whether the holder may still end with a result: its lock or run lock names it, or
-        its job record says it runs under a live lease (or the store cannot say). A holder
-        marked REVOKED is alive only while its record says it runs: a plain revoke does not
-        stop a running job (a discarded copy of it marks the result REVOKED), and it ends
-        with its own result."""
-        store = self.integ.dedup.store
-        if revoked:
-            return job_record(store, key, holder) == "running"
-        try:
-            info = store.run(Inspect(key))
-        except StoreUnavailable:
-            return True  # cannot tell: keep waiting, the result backend may still answer
-        if info is not None and holder in (info.job_id, info.running_job):
-            return True
-        return job_record(store, key, holder) in ("running", "unknown")
+        """Whether the holder may still end with a result (the rule: delivery.holder_may_end)."""
+        dedup = self.integ.dedup
+        return dedup.drive(holder_may_end(key, holder, revoked=revoked))
 
     def _run_instead(self, holder: str, name: str, args: Any, kwargs: Any, state: str) -> None:
         """The holder is gone without a result: send the duplicate itself, with its own id and
@@ -259,14 +223,3 @@ class Follower:
         )
         self.integ.app.send_task(name, args, kwargs, **options)
         raise Ignore()
-
-
-def job_record(store: Store, key: str, job_id: str) -> Record:
-    """What the store's record of ``job_id`` under ``key`` says (written at claim, renewed by
-    heartbeats, marked finished at finish). "unknown" only when the store could not answer
-    (keep waiting); no record answers "none", so the follower's patience, not a record,
-    decides, and it never waits forever."""
-    try:
-        return store.run(JobState(key, job_id))
-    except StoreUnavailable:
-        return "unknown"

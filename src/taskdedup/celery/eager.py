@@ -1,12 +1,13 @@
 """Eager mode made faithful: with ``task_always_eager`` (or a direct ``task.apply()``) Celery
 runs the job in the caller and never publishes, so without this a test would pass while
 production deduplicates otherwise. A deduplicated task's ``apply`` takes the enqueue decision
-first, as a publish would: a duplicate is not run and gets a handle to the job that holds its
-key (``.deduplicated``, no result: the result is the holder's); a new call runs, through the
-worker's claim and finish; a retry (``self.retry()`` applies again) keeps the lock, as a
-published retry does. Idempotency keys, reservation caps and the following of canvas members
-are taken where a message is published, so eager mode does not apply them (README). The
-``eager`` setting's ``bypass`` gives the old behaviour back.
+first, as a publish would (the same flow, :func:`taskdedup.submission.submit`): a duplicate is
+not run and gets a handle to the job that holds its key (``.deduplicated``, no result: the
+result is the holder's); a new call runs, through the worker's claim and finish; a retry
+(``self.retry()`` applies again) keeps the lock, as a published retry does. Idempotency keys,
+reservation caps and the following of canvas members are taken where a message is published,
+so eager mode does not apply them (README). The ``eager`` setting's ``bypass`` gives the old
+behaviour back.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from typing import Any
 from celery import Task, states
 from celery.result import EagerResult
 
-from .messages import add_key
-from .publish import plan_call, publish_retry
+from ..recent import RecentKeys
+from ..submission import published, submit
+from .messages import add_key, call_of
 from .state import integration_for
 from .tasks import task_limits, task_policy
+
+_RECENT = RecentKeys()  # (eager calls never ask first: nothing reads what is noted here)
 
 
 def hook_apply() -> None:
@@ -37,31 +41,30 @@ def hook_apply() -> None:
         if integ is None or policy is None or integ.settings.eager != "faithful":
             return original(task, args, kwargs, **options)
         integ.prepare(task)  # its run claims and finishes, as on a worker
-        if options.get("retries") and options.get("task_id"):  # Task.retry, eager: apply again
-            return publish_retry(  # a retry keeps its lock under the same id (G6)
-                integ,
-                lambda _, a, k, **o: original(task, a, k, **o),
-                task,
-                policy,
-                task_limits(task),
-                task.name,
-                args,
-                kwargs,
-                options,
-            )
+        call = call_of(task, task.name, args, kwargs, options, policy, task_limits(task))
+        call.member = False  # (canvas members are followed only where they are published)
         dedup = integ.dedup
-        _, plan = plan_call(integ, task, policy, args, kwargs, options)
-        ticket = dedup.settle(plan)
-        if ticket.deduplicated:
-            held = EagerResult(ticket.job_id, None, states.PENDING)
+        if not call.retry:
+            call.limits = None
+        taken = dedup.drive(submit(dedup, integ.idempotency, integ.reservations, _RECENT, call))
+        if call.retry:  # Task.retry, eager: applied again, keeping its lock (G6)
+            assert integ.publisher is not None
+            run = functools.partial(_apply_as_published, original, task)
+            return integ.publisher.answer(taken, call, run, task.name, args, kwargs, options)
+        if taken.answer == "duplicate":
+            held = EagerResult(taken.job_id, None, states.PENDING)
             held.deduplicated = True
             return held
-        dedup.published(ticket)  # "in the broker": the run below claims it, as a worker would
-        if ticket.key is not None:
-            add_key(ticket.key, options)
+        published(dedup, integ.idempotency, taken)  # "in the broker": the run claims it
+        if taken.key is not None:
+            add_key(taken.key, options)
         result = original(task, args, kwargs, **options)
         result.deduplicated = False
         return result
 
     Task.apply = apply
     Task._taskdedup_hooked = True
+
+
+def _apply_as_published(original: Any, task: Any, _: str, args: Any, kwargs: Any, **o: Any) -> Any:
+    return original(task, args, kwargs, **o)

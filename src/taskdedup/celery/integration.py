@@ -15,7 +15,7 @@ from celery import signals
 
 from ..errors import ConfigError
 from ..stores import Store
-from .beat import BeatSkips, hook_scheduler
+from .beat import hook_scheduler
 from .eager import hook_apply
 from .publish import Publisher
 from .revoke import install_revoke_command, on_received, on_revoked
@@ -43,7 +43,7 @@ def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedu
         )
     integ = CeleryDedup(app, store, settings)
     _installed[app] = integ
-    hook_scheduler(app, BeatSkips(integ))
+    hook_scheduler()
     worker = Worker(integ)
     publisher = Publisher(integ, app.send_task)
     integ.publisher = publisher

@@ -1,5 +1,6 @@
-"""What taskdedup reads from and adds to a Celery message: its delay and queue, the key and
-scope headers, and the arguments kept for reschedule_once."""
+"""What taskdedup reads from and adds to a Celery message: its facts, read once into a
+:class:`~taskdedup.submission.Call` (delay, queue, expiry, the key and scope headers, a retry,
+a canvas membership), and the arguments kept for reschedule_once."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import json
 from typing import Any, cast
 
 from kombu import serialization
+from kombu.utils.uuid import uuid
 
 from ..decide import envelope
+from ..policy import TaskPolicy
+from ..reservations import ReservePolicy
+from ..submission import Call
+from .tasks import task_function
 
 KEY_HEADER = envelope.KEY
 SCOPE_HEADER = envelope.SCOPE
@@ -87,3 +93,61 @@ def add_key(key: str, options: dict[str, Any]) -> None:
     headers = dict(options.get("headers") or {})
     headers[KEY_HEADER] = key
     options["headers"] = headers
+
+
+def call_of(
+    task: Any,
+    name: str,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+    policy: TaskPolicy | None,
+    limits: ReservePolicy | None,
+    idempotency: tuple[str | None, float | None] = (None, None),
+    key: str | None = None,
+) -> Call:
+    """One publish's facts, read once (its job id is set in ``options``): ``Task.retry``
+    publishes under the job's id with ``retries``; a canvas member is never capped. ``key``:
+    the call's key, when ``apply_async`` already computed it."""
+    retries = options.get("retries") or 0
+    retry = bool(retries and options.get("task_id"))
+    job_id = options.get("task_id") or uuid()
+    options["task_id"] = job_id
+    headers = options.get("headers") or {}
+    member = continues(options)
+    args, kwargs = args or (), kwargs or {}
+    serializer = options.get("serializer") or getattr(task, "serializer", None) or "json"
+    return Call(
+        name,
+        task_function(task) if task is not None else None,
+        args,
+        kwargs,
+        job_id,
+        policy,
+        None if member else limits,
+        idempotency_key=idempotency[0],
+        idempotency_ttl=idempotency[1],
+        delay=delay_of(options),
+        queue=queue_of(task, options),
+        expires_in=expires_in_of(options),
+        key=key or (headers.get(KEY_HEADER) if retry else None),
+        scope=headers.get(SCOPE_HEADER) if retry else None,
+        retry=retry,
+        attempt=max(retries - 1, 0),
+        member=member,
+        dump=lambda: dump_call(args, kwargs, serializer),
+    )
+
+
+def continues(options: dict[str, Any]) -> bool:
+    """Whether a publish carries a continuation (``chain``, ``link``, ``link_error``), a
+    canvas membership (``group_id``, ``chord``), or is a canvas step (``parent_id``)."""
+    get = options.get
+    return bool(
+        get("chain")
+        or get("link")
+        or get("link_error")
+        or get("group_id")
+        or get("chord")
+        or get("parent_id")
+    )

@@ -32,7 +32,8 @@ from kombu.utils.json import dumps
 
 from ..decide import Step, Ticket
 from ..errors import StoreUnavailable
-from ..stores.base import Acquire, AcquireReply, PushesWithLock, Sent, Store
+from ..stores.base import AcquireReply, PushesWithLock, Sent, Store
+from ..submission import lock_taken, push_with_lock
 
 
 class NotPublished(Exception):
@@ -60,12 +61,6 @@ class PendingEnqueue:
     fused: bool = False  # lock and message went out in one script
     batched: bool = False  # the message sits in a kombu publish batch that may be discarded
     sent: Sent[Any] | None = None  # the acquire, written before Celery built the message
-
-    @property
-    def op(self) -> Acquire:
-        op = self.step.op
-        assert isinstance(op, Acquire)
-        return op
 
 
 PENDING: contextvars.ContextVar[PendingEnqueue | None] = contextvars.ContextVar(
@@ -109,11 +104,11 @@ def decide_first(pending: PendingEnqueue) -> None:
     raise NotPublished for a duplicate."""
     sent, pending.sent = pending.sent, None
     try:
-        pending.reply = pending.store.run(pending.op) if sent is None else sent.reply()
+        pending.reply = pending.store.run(pending.step.op) if sent is None else sent.reply()
     except StoreUnavailable as exc:
         store_unavailable(pending, exc)
         return
-    if not pending.reply.acquired:
+    if not lock_taken(pending.reply):
         raise NotPublished(pending.job_id)
 
 
@@ -148,12 +143,12 @@ def install_hooks() -> None:
             name = self.global_keyprefix + self._q_for_pri(queue, priority)
             try:
                 message_text = dumps(message)  # type: ignore[no-untyped-call]
-                reply = store.acquire_and_push(pending.op, name, message_text)
+                reply = push_with_lock(store, pending.step, name, message_text)
             except StoreUnavailable as exc:
                 store_unavailable(pending, exc)
                 return put(self, queue, message, **kwargs)  # publish without dedup
             pending.reply, pending.fused = reply, True
-            if not reply.acquired:
+            if not lock_taken(reply):
                 raise NotPublished(pending.job_id)
             return None
 

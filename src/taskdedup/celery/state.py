@@ -20,6 +20,7 @@ from ..policy import TaskPolicy
 from ..settings import Settings
 from ..startup import announce
 from ..stores import Store, pushes_with_lock, sends_early
+from ..submission import Call, Taken
 from . import signals
 from .config import settings_from_app, store_for_app
 from .redis_push import hook_send_task_message, install_hooks
@@ -29,10 +30,22 @@ log = logging.getLogger("taskdedup")
 
 
 class Handles(Protocol):
-    """The publisher, as the other parts see it: it makes the handle of an existing job."""
+    """The publisher, as the other parts see it: it makes the handle of an existing job, and
+    maps what a call took to Celery (the holder's handle, or the publish)."""
 
     def existing(
         self, job_id: str, options: dict[str, Any], *, deduplicated: bool = False, hit: bool = False
+    ) -> Any: ...
+
+    def answer(
+        self,
+        taken: Taken,
+        call: Call,
+        publish: Callable[..., Any],
+        name: str,
+        args: Any,
+        kwargs: Any,
+        options: dict[str, Any],
     ) -> Any: ...
 
 

@@ -23,9 +23,8 @@ from ..decide import Admission, Ticket
 from ..decide.envelope import Waits
 from ..errors import StoreUnavailable
 from ..flow import Flow
-from ..policy import TaskPolicy
 from ..stores.base import Lease
-from ..submission import give_back, published, take_owed
+from ..submission import Call, SendOwed, publish_owed
 from .messages import (
     KEY_HEADER,
     RESEND_OPTION,
@@ -36,9 +35,6 @@ from .state import CeleryDedup
 from .tasks import task_function, task_limits, task_policy
 
 log = logging.getLogger("taskdedup")
-#: How long a delivery the broker will not take back (it is down too) waits in the worker for
-#: its claim before it fails visibly.
-STAY_AT_MOST = 600.0
 RESEND = {RESEND_OPTION: True}  # publish options of the worker's own publishes
 T = TypeVar("T")
 
@@ -83,7 +79,7 @@ class Worker:
             try:
                 resend(task, args, kwargs, started.delay, started.waits)
             except Exception:  # the job fails here: free its lock first (G5)
-                self._free_lock(task, d.policy, args, kwargs)
+                self._free_lock(d)
                 raise
             raise Ignore()
         slot = started
@@ -139,10 +135,10 @@ class Worker:
         """Claim the job, or raise Ignore when this delivery must not run now: it is dropped
         (a copy of a finished job) or sent again later (busy, its holder running, the store
         down). A delivery the broker will not take back waits here and asks again, so it is
-        never lost (G14); after STAY_AT_MOST seconds (read at each call) it gives up:
+        never lost (G14); after delivery.STAY_AT_MOST seconds (read at each call) it gives up:
         see :meth:`_give_up`."""
         request = task.request
-        give_up = time.monotonic() + STAY_AT_MOST
+        give_up = time.monotonic() + delivery.STAY_AT_MOST
         while True:
             verdict = self._drive(
                 task, delivery.claim(self.integ.dedup, self.integ.reservations, d, slot)
@@ -165,7 +161,7 @@ class Worker:
                     "here and asks again in %gs",
                     task.name,
                     request.id,
-                    admission.outcome,
+                    verdict.why,
                     exc,
                     verdict.delay,
                 )
@@ -177,39 +173,32 @@ class Worker:
     def _give_up(
         self, task: Any, d: delivery.Delivery, admission: Admission, exc: Exception
     ) -> NoReturn:
-        """The broker would not take this delivery back for STAY_AT_MOST seconds. If the store
-        never answered, the job fails visibly, its lock freed first (G5). If another run holds
-        the key (busy) or this very job runs elsewhere (a copy of it), nothing here is ours to
-        free, the other run's key untouched: an acks_late delivery goes back to the broker
-        (Reject with requeue). A copy of a running job acknowledged already is rejected too:
-        the job runs (it renewed its lease all the while), and a failure would be written
-        under its id while it runs. A busy job acknowledged already fails visibly."""
-        if admission.outcome == "store_unavailable":
-            self._free_lock(task, d.policy, d.args, d.kwargs)
-            raise exc
+        """The broker would not take this delivery back for delivery.STAY_AT_MOST seconds:
+        fail (its lock freed first, when the store never answered), or go back to the broker
+        (Reject with requeue), as :func:`taskdedup.delivery.when_resend_refused` says."""
         acks_late = bool(getattr(task, "acks_late", False))
-        if acks_late or admission.outcome == "running":
+        then = delivery.when_resend_refused(admission, acks_late)
+        if then == "fail_and_free":
+            self._free_lock(d)
+            raise exc
+        if then == "requeue":
             log.warning(
-                "taskdedup: could not send %s[%s] back to the broker for %gs (%s): it is "
+                "taskdedup: could not send %s[%s] back to the broker for %gs: it is "
                 "rejected, %s; the run holding its key is left alone",
                 task.name,
                 task.request.id,
-                STAY_AT_MOST,
-                admission.outcome,
+                delivery.STAY_AT_MOST,
                 "requeued" if acks_late else "acknowledged already (the job runs elsewhere)",
             )
             raise Reject(exc, requeue=True) from exc
         raise exc
 
-    def _free_lock(self, task: Any, policy: TaskPolicy | None, args: Any, kwargs: Any) -> None:
+    def _free_lock(self, d: delivery.Delivery) -> None:
         """Release the enqueue lock this (unclaimed) job holds, if any."""
-        if policy is None:
-            return
-        request = task.request
-        queue = (request.delivery_info or {}).get("routing_key")
-        key = header(request, KEY_HEADER) or policy.key_for(args, kwargs, queue)
         with contextlib.suppress(StoreUnavailable):  # else it lapses after its ttl
-            self.integ.dedup.publish_failed(Ticket("acquired", request.id, key))
+            key = d.lock_key()
+            if key is not None:
+                self.integ.dedup.publish_failed(Ticket("acquired", d.job_id, key))
 
     def _end(
         self, task: Any, d: delivery.Delivery, admission: Admission | None, slot: Lease | None
@@ -219,33 +208,33 @@ class Worker:
         flow = delivery.end(integ.dedup, integ.reservations, d, admission, slot)
         self._drive(task, flow, late=True)
 
-    def _publish_handoff(self, task: Any, key: str | None, handoff: Any) -> None:
-        """Publish the one rescheduled run (reschedule_once) under the id the lock holds. A
-        failure to publish it frees its lock and slot and is logged; the run in hand goes on."""
-        if key is None:
-            return
-        if handoff.payload is not None:
-            args, kwargs = load_call(handoff.payload)
-        else:
-            args, kwargs = task.request.args or (), task.request.kwargs or {}
-        integ, job_id = self.integ, handoff.job_id
-        fn, limits = task_function(task), task_limits(task)
-        owed = take_owed(integ.reservations, task.name, fn, limits, key, job_id, args, kwargs)
-        taken = integ.dedup.drive(owed)
-        headers = {KEY_HEADER: key}
-        if taken.scope is not None:
-            headers[SCOPE_HEADER] = taken.scope
-        try:
-            task.apply_async(args, kwargs, task_id=job_id, headers=headers, **RESEND)
-        except Exception:
-            integ.dedup.drive(give_back(integ.dedup, integ.idempotency, integ.reservations, taken))
-            log.exception(
-                "taskdedup: could not publish the rescheduled run %s[%s] (reschedule_once)",
-                task.name,
-                job_id,
+    def _publish_handoff(self, task: Any, key: str, handoff: Any) -> None:
+        """Publish the one rescheduled run (reschedule_once) under the id the lock holds (the
+        steps: :func:`taskdedup.submission.publish_owed`)."""
+        integ, request = self.integ, task.request
+        owed = Call(
+            task.name,
+            task_function(task),
+            request.args or (),
+            request.kwargs or {},
+            handoff.job_id,
+            None,
+            task_limits(task),
+            key=key,
+        )
+
+        def send(request: SendOwed) -> None:
+            headers = {KEY_HEADER: request.key}
+            if request.scope is not None:
+                headers[SCOPE_HEADER] = request.scope
+            task.apply_async(
+                request.args, request.kwargs, task_id=request.job_id, headers=headers, **RESEND
             )
-            return
-        published(integ.dedup, integ.idempotency, taken)
+
+        flow = publish_owed(
+            integ.dedup, integ.idempotency, integ.reservations, owed, handoff.payload, load_call
+        )
+        integ.dedup.drive(flow, send)
 
 
 def resend(task: Any, args: Any, kwargs: Any, delay: float, waits: Waits | None = None) -> None:

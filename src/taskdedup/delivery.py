@@ -190,13 +190,16 @@ def discard(
     *,
     killed: bool,
     release: bool = True,
+    why: str = "discarded",
 ) -> Flow[bool]:
     """A job that will not run here (revoked or expired) or, ``killed``, was terminated: free
     its slot and, with ``release``, its lock (G13). A discarded job frees only a lock still
     QUEUED, and its slot only while the store does not record the job running: a plain revoke
     does not stop a run, and every worker discards the copies of a revoked job it receives,
     so freeing more would let a new job run beside the one still going. A terminated job frees
-    everything. True when the lock was freed."""
+    everything. True when the lock was freed; ``why`` (revoked, expired...) is logged.
+    A job whose key is unknown (no key in its message, no arguments) frees no lock: it
+    lapses after its ttl."""
     if scope:
         running = False
         if not killed and key is not None:
@@ -207,9 +210,26 @@ def discard(
         if not running:
             yield from guard.give_back_flow(scope, job_id)
     if key is None or not release:
+        if release:
+            log.info(
+                "taskdedup: %s %s[%s]: its key is unknown: its lock lapses after its ttl",
+                why,
+                task,
+                job_id,
+            )
         return False
-    why = "terminated" if killed else "discarded"  # (revoked or expired: the adapter logs it)
-    freed: bool = yield dedup.plan_release(key, job_id, task=task, queued_only=not killed, why=why)
+    how = "terminated" if killed else "discarded"
+    freed: bool = yield dedup.plan_release(key, job_id, task=task, queued_only=not killed, why=how)
+    if freed:
+        log.info("taskdedup: %s %s[%s]: its key is free", why, task, job_id)
+    elif not killed:
+        log.info(
+            "taskdedup: %s %s[%s]: its key is not queued (its job runs, or ran, elsewhere): "
+            "left to that run",
+            why,
+            task,
+            job_id,
+        )
     return freed
 
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .core import Deduplicator
+from .errors import ConfigError
 from .idempotency import IdempotencyKeys
+from .policy import TaskPolicy
 from .reservations import ReservationGuard
+from .settings import Settings
+from .startup import announce
 from .stores.base import Store
 
 
@@ -25,6 +29,36 @@ class Features:
     @property
     def dedup(self) -> Deduplicator:
         raise NotImplementedError
+
+    def new_dedup(
+        self, store: Store, settings: Settings, listener: Callable[[Any], None]
+    ) -> Deduplicator:
+        """A Deduplicator on ``store`` whose decisions go to ``listener`` (the framework's
+        signals or callbacks), announced by the startup line with the policies bound so far."""
+        dedup = Deduplicator(store, settings)
+        dedup.listeners.add(listener)
+        announce(settings, store, self.bound_policies())
+        return dedup
+
+    def bound_policies(self, *, strict: bool = False) -> dict[str, TaskPolicy]:
+        """The bound policies of the tasks known so far, by task name (the startup line, the
+        CLI, check_policies). ``strict``: a bad declaration raises its ConfigError; else it is
+        left out (it is reported where the task is checked)."""
+        found = {}
+        for name, bind in self.policy_sources(strict):
+            try:
+                policy = bind()
+            except ConfigError:
+                if strict:
+                    raise
+                continue
+            if policy is not None:
+                found[name] = policy
+        return found
+
+    def policy_sources(self, strict: bool) -> Iterable[tuple[str, Callable[[], TaskPolicy | None]]]:
+        """Each known task's name and how to bind its policy (the adapter's part)."""
+        return ()
 
     @functools.cached_property
     def idempotency(self) -> IdempotencyKeys:

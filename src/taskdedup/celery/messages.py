@@ -24,6 +24,8 @@ SCOPE_HEADER = envelope.SCOPE
 #: (busy, its holder running, its scope full) or the run owed by reschedule_once. It goes out
 #: as it is: its lock and slot were settled by the worker, so no dedup and no cap apply.
 RESEND_OPTION = "taskdedup_resend"
+#: Options of a message that someone waits on or that carries its continuation.
+CANVAS_OPTIONS = ("chain", "link", "link_error", "group_id", "chord", "parent_id")
 
 
 def dump_call(args: Any, kwargs: Any, serializer: str) -> str:
@@ -49,35 +51,32 @@ def delay_of(options: dict[str, Any]) -> float:
     if countdown:
         return max(float(countdown), 0.0)
     eta = options.get("eta")
-    if eta is None:
-        return 0.0
-    if isinstance(eta, str):
-        eta = dt.datetime.fromisoformat(eta)
-    now = dt.datetime.now(eta.tzinfo or dt.timezone.utc)
-    if eta.tzinfo is None:
-        now = now.replace(tzinfo=None)
-    return max((eta - now).total_seconds(), 0.0)
+    return (
+        0.0
+        if eta is None
+        else _seconds_until(dt.datetime.fromisoformat(eta) if isinstance(eta, str) else eta)
+    )
 
 
 def expires_in_of(options: dict[str, Any]) -> float | None:
     """Seconds until a job's ``expires`` (Celery's option or the task's default), if it has one:
     after that no worker starts it."""
     expires = options.get("expires")
-    if expires is None or isinstance(expires, bool):
-        return None
-    if isinstance(expires, (int, float)):
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
         return max(float(expires), 0.0)
     if isinstance(expires, str):
         try:
             expires = dt.datetime.fromisoformat(expires)
         except ValueError:
             return None  # Celery itself will say what is wrong with it
-    if not isinstance(expires, dt.datetime):
-        return None
-    now = dt.datetime.now(expires.tzinfo or dt.timezone.utc)
-    if expires.tzinfo is None:
+    return _seconds_until(expires) if isinstance(expires, dt.datetime) else None
+
+
+def _seconds_until(when: dt.datetime) -> float:
+    now = dt.datetime.now(when.tzinfo or dt.timezone.utc)
+    if when.tzinfo is None:
         now = now.replace(tzinfo=None)
-    return max((expires - now).total_seconds(), 0.0)
+    return max((when - now).total_seconds(), 0.0)
 
 
 def queue_of(task: Any, options: dict[str, Any]) -> str | None:
@@ -142,12 +141,16 @@ def call_of(
 def continues(options: dict[str, Any]) -> bool:
     """Whether a publish carries a continuation (``chain``, ``link``, ``link_error``), a
     canvas membership (``group_id``, ``chord``), or is a canvas step (``parent_id``)."""
-    get = options.get
-    return bool(
-        get("chain")
-        or get("link")
-        or get("link_error")
-        or get("group_id")
-        or get("chord")
-        or get("parent_id")
-    )
+    return any(options.get(name) for name in CANVAS_OPTIONS)
+
+
+def header(request: Any, name: str) -> Any:
+    """A taskdedup header of a job: a worker Request's message headers, or a Context's
+    attributes and custom headers (Celery puts custom headers on the request)."""
+    value = getattr(request, name, None)
+    if value:
+        return value
+    for headers in (getattr(request, "headers", None), getattr(request, "request_dict", None)):
+        if isinstance(headers, dict) and headers.get(name):
+            return headers[name]
+    return None

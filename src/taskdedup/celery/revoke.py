@@ -33,7 +33,7 @@ from typing import Any
 from kombu.utils.functional import maybe_list
 
 from .. import delivery
-from .messages import KEY_HEADER, SCOPE_HEADER
+from .messages import KEY_HEADER, SCOPE_HEADER, header
 from .state import CeleryDedup, integration_for
 from .tasks import task_policy
 
@@ -94,45 +94,11 @@ def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
         )
         flow = delivery.discard(
             integ.dedup, integ.reservations, task.name, job_id, key, scope, killed=killed,
-            release=active,
+            release=active, why=why,
         )  # fmt: skip
-        freed = integ.dedup.drive(flow)
-        if not active:
-            return
-        if key is None:
-            log.info(
-                "taskdedup: %s %s[%s]: its key is unknown (no %s header, no arguments); "
-                "its lock lapses after its ttl",
-                why,
-                task.name,
-                job_id,
-                KEY_HEADER,
-            )
-            return
-        if freed:
-            log.info("taskdedup: %s %s[%s]: its key is free", why, task.name, job_id)
-        elif not killed:
-            log.info(
-                "taskdedup: %s %s[%s]: its key is not queued (its job runs, or ran, elsewhere): "
-                "left to that run",
-                why,
-                task.name,
-                job_id,
-            )
+        integ.dedup.drive(flow)
     except Exception:
         log.exception("taskdedup: could not free the key of %s %s[%s]", why, task.name, job_id)
-
-
-def header(request: Any, name: str) -> Any:
-    """A taskdedup header of a worker Request (its message headers) or a Context (attributes
-    and custom headers)."""
-    value = getattr(request, name, None)
-    if value:
-        return value
-    for headers in (getattr(request, "headers", None), getattr(request, "request_dict", None)):
-        if isinstance(headers, dict) and headers.get(name):
-            return headers[name]
-    return None
 
 
 def key_from_arguments(policy: Any, request: Any) -> str | None:

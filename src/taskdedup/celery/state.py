@@ -5,22 +5,20 @@ beat) each take this state; ``integration.install`` wires them together.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ..background import Heartbeat
 from ..core import Deduplicator
 from ..errors import ConfigError
 from ..features import Features
-from ..policy import TaskPolicy
 from ..settings import Settings
-from ..startup import announce
 from ..stores import Store, pushes_with_lock, sends_early
-from ..submission import Call, Taken
 from . import signals
 from .config import settings_from_app, store_for_app
 from .redis_push import hook_send_task_message, install_hooks
@@ -37,16 +35,10 @@ class Handles(Protocol):
         self, job_id: str, options: dict[str, Any], *, deduplicated: bool = False, hit: bool = False
     ) -> Any: ...
 
-    def answer(
-        self,
-        taken: Taken,
-        call: Call,
-        publish: Callable[..., Any],
-        name: str,
-        args: Any,
-        kwargs: Any,
-        options: dict[str, Any],
-    ) -> Any: ...
+    @property
+    def answer(self) -> Callable[..., Any]:
+        """(taken, call, publish, name, args, kwargs, options): the holder's handle, or the
+        publish (see publish.Publisher.answer)."""
 
 
 class CeleryDedup(Features):
@@ -114,27 +106,15 @@ class CeleryDedup(Features):
             with self._mutex:
                 if self._dedup is None:
                     store = self._store or store_for_app(self.app, self.settings)
-                    dedup = Deduplicator(store, self.settings)
-                    dedup.listeners.add(signals.send)
-                    announce(self.settings, store, self.bound_policies())
-                    self._dedup = dedup
+                    self._dedup = self.new_dedup(store, self.settings, signals.send)
         return self._dedup
 
-    def bound_policies(self, *, strict: bool = False) -> dict[str, TaskPolicy]:
-        """The bound policies of the app's tasks so far, by task name (the startup line, the
-        CLI, check_policies). ``strict``: a bad declaration raises its ConfigError; else it
-        is left out (it is reported where the task is checked)."""
-        found = {}
-        for task in list(self.app._tasks.values()):
-            try:
-                policy = task_policy(task, self.settings)
-            except ConfigError:
-                if strict:
-                    raise
-                continue
-            if policy is not None:
-                found[task.name] = policy
-        return found
+    def policy_sources(self, strict: bool) -> Iterable[tuple[str, Callable[[], Any]]]:
+        """The app's tasks so far, each with how to bind its policy."""
+        settings = self.settings
+        return [
+            (t.name, functools.partial(task_policy, t, settings)) for t in self.app._tasks.values()
+        ]
 
     @property
     def fused_publish(self) -> bool:

@@ -29,6 +29,7 @@ from .messages import (
     KEY_HEADER,
     RESEND_OPTION,
     SCOPE_HEADER,
+    header,
     load_call,
 )
 from .state import CeleryDedup
@@ -249,8 +250,3 @@ def resend(task: Any, args: Any, kwargs: Any, delay: float, waits: Waits | None 
     (waits or Waits()).write(headers)
     later = task.signature_from_request(request, args, kwargs, countdown=delay, headers=headers)
     later.apply_async(**RESEND)
-
-
-def header(request: Any, name: str) -> Any:
-    """A taskdedup header of the running job (Celery puts custom headers on the request)."""
-    return getattr(request, name, None) or (getattr(request, "headers", None) or {}).get(name)

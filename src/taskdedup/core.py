@@ -41,8 +41,8 @@ from .flow import Flow, adrive, drive
 from .policy import TaskPolicy
 from .settings import Settings
 from .stores import sends_early
-from .ticks import ScheduledTicks
 from .stores.base import AcquireReply, Lease, Op, Release, Store
+from .ticks import ScheduledTicks
 
 log = logging.getLogger("taskdedup")
 T = TypeVar("T")

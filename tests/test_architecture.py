@@ -42,7 +42,7 @@ CLASSES_ABOVE: dict[str, int] = {}
 #: Non-blank lines of each adapter package, as a ratchet that only falls: lower it when an
 #: adapter shrinks. Issue 25 moved every rule an adapter held into the core (submission,
 #: delivery, ticks, stores' capabilities); its ceiling is ADAPTER_TARGETS.
-ADAPTERS_ABOVE = {"taskdedup.celery": 1700, "taskdedup.taskiq": 1335}
+ADAPTERS_ABOVE = {"taskdedup.celery": 1700, "taskdedup.taskiq": 1150}
 ADAPTER_TARGETS = {"taskdedup.celery": 1700, "taskdedup.taskiq": 1150}
 
 

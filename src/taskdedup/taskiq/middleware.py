@@ -1,11 +1,6 @@
-"""``DedupMiddleware``: one taskiq middleware for both sides of a broker.
-
-broker = ListQueueBroker(url).with_middlewares(DedupMiddleware())
-
-The producer side (``pre_send`` and the wrapped kick) lives in ``producer.py``, the worker side
-(``pre_execute``, ``on_error``, ``post_execute``) in ``worker.py``; what they share (settings,
-store, Deduplicator, policies) in ``state.py``.
-"""
+"""``DedupMiddleware``: one taskiq middleware for both sides of a broker, on what they share
+(``state.py``): the producer side (``pre_send`` and the wrapped kick) is ``producer.py``'s, the
+worker side (``pre_execute``, ``on_error``, ``post_execute``) ``worker.py``'s."""
 
 from __future__ import annotations
 
@@ -39,16 +34,13 @@ class DedupMiddleware(DedupState):
 
     def __init__(self, store_or_url: Store | str | None = None, **settings: Any) -> None:
         super().__init__(store_or_url, **settings)
-        self.producer = Producer(self)
         self.worker = Worker(self)
+        self.producer = Producer(self, self.worker.retried)
 
     def set_broker(self, broker: AsyncBroker) -> None:
         super().set_broker(broker)
         self.producer.install(broker)
         self.worker.resender.watch(broker)  # a stopping worker sends its waiting copies at once
-
-    def retried(self, job_id: str, attempt: int) -> None:
-        self.worker.retried(job_id, attempt)
 
     # ------------------------------------------------------------------ taskiq hooks
 

@@ -7,14 +7,15 @@ A stock ``pre_send`` cannot cancel a send, so the middleware wraps the broker's 
 the same ``kiq()`` reads. A duplicate is not kicked, and its ``task_id`` becomes the holder's, so
 the handle ``kiq()`` returns points at the job that will run.
 
-On a taskiq-redis ``ListQueueBroker`` whose Redis is the store's, the lock and the message are
-written by one script in the kick (one round trip, no confirmation needed); elsewhere the lock is
-taken in ``pre_send`` and confirmed in a batch after the broker's own kick succeeded (G11).
+What a send takes (its idempotency key, lock and slot: :func:`taskdedup.submission.submit`;
+a retry keeps its own) is taken in ``pre_send``, confirmed in a batch after the broker's own
+kick succeeded (G11) and given back if it failed (G5). On a taskiq-redis ``ListQueueBroker``
+whose Redis is the store's, the lock and the message are written by one script in the kick
+(one round trip, no confirmation needed).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from copy import copy
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -29,24 +30,25 @@ from taskiq_redis import ListQueueBroker
 from .. import submission
 from ..decide import Step, Ticket
 from ..errors import StoreUnavailable
-from ..policy import TaskPolicy
 from ..recent import RecentKeys
-from ..reservations import ReservePolicy
-from ..stores.base import Acquire
-from ..stores.redis import RedisStore
-from .guarded import give_back, guarded_pre_send
+from ..stores import pushes_with_lock
+from ..submission import Call, Taken
 from .options import (
+    ATTEMPT_LABEL,
     FENCE_LABEL,
     IDEMPOTENCY_KEY_LABEL,
+    IDEMPOTENCY_TTL_LABEL,
     KEY_LABEL,
     LABEL,
     OPTION_PREFIX,
     RESERVE_LABEL,
     RETRIES_LABEL,
     SCOPE_LABEL,
+    call_shape,
     declared,
     label,
     set_label,
+    task_function,
     task_limits,
 )
 from .sends import (
@@ -64,50 +66,17 @@ from .state import DedupState
 if TYPE_CHECKING:
     from taskiq.abc.broker import AsyncBroker
 
-log = logging.getLogger("taskdedup")
 P = ParamSpec("P")
 R = TypeVar("R")
 Kick = Callable[[BrokerMessage], Awaitable[None]]
 
 
-async def keep_for_retry(
-    mw: DedupState,
-    policy: TaskPolicy | None,
-    limits: ReservePolicy | None,
-    message: TaskiqMessage,
-    retries: int,
-) -> None:
-    """A retry middleware re-sends the job under its id: it keeps its lock and slot (G6)."""
-    mw.retried(message.task_id, retries - 1)
-    # if the retry's send fails, its kick gives back the lock and slot kept for it
-    decision = Decision(message, message.task_id, message.task_id)
-    remember(decision)
-    call = submission.Call(
-        message.task_name,
-        None,
-        message.args,
-        message.kwargs,
-        message.task_id,
-        policy,
-        limits,
-        delay=float(label(message, "delay") or 0.0),
-        queue=queue_of(mw.broker, message),
-    )
-    key, scope = label(message, KEY_LABEL) or None, label(message, SCOPE_LABEL) or None
-    flow = submission.keep_for_retry(mw.dedup, mw.reservations, call, key, scope, retries - 1)
-    taken = await mw.dedup.adrive(flow)
-    if taken.key is not None:
-        set_label(message, KEY_LABEL, taken.key, parsed=False)
-    decision.ticket, decision.scope = taken.ticket, taken.scope
-    for name in (FENCE_LABEL, "taskdedup_attempt"):
-        message.labels.pop(name, None)
-
-
 class Producer:
     """``pre_send`` and the wrapped ``kick`` of one broker."""
 
-    def __init__(self, middleware: DedupState) -> None:
+    def __init__(self, middleware: DedupState, retried: Callable[[str, int], None]) -> None:
         self.mw = middleware
+        self.retried = retried  # the worker's: a retry of this attempt was sent
         self.original_kick: Kick | None = None
         self._fusable_broker: bool | None = None
         self.recent = RecentKeys()  # keys asked about before a message is built
@@ -129,58 +98,95 @@ class Producer:
             if not decision.kicked and not decision.deduplicated:
                 decision.kicked = True
                 forget(decision)
-                await give_back(self, decision)
+                await self._give_back(decision.taken)
 
     # ------------------------------------------------------------------ pre_send
 
     async def pre_send(self, message: TaskiqMessage) -> TaskiqMessage:
-        if PASS_THROUGH.get():
-            return message
-        broker = self.mw.broker
-        task = broker.find_task(message.task_name)
-        if task is None:
-            return message
-        policy = self.mw.policies.for_message(task, message)
-        limits = task_limits(task)
-        idempotency_key = label(message, IDEMPOTENCY_KEY_LABEL)
-        if policy is None and limits is None and idempotency_key is None:
+        call = None if PASS_THROUGH.get() else self._call(message)
+        if call is None:
             return message
         for name in (LABEL, RESERVE_LABEL):  # a declaration stringified into the message
             if (message.labels_types or {}).get(name) == LabelType.ANY:
                 del message.labels[name]
                 del message.labels_types[name]  # type: ignore[union-attr]
-        retries = int(label(message, RETRIES_LABEL) or 0)
-        if retries > 0:
-            await keep_for_retry(self.mw, policy, limits, message, retries)
+        if call.retry:  # a retry middleware re-sends the job under its id (G6)
+            self.retried(call.job_id, call.attempt)
+            for name in (FENCE_LABEL, ATTEMPT_LABEL):
+                message.labels.pop(name, None)
+        elif self._fused(call, message):
             return message
-        if idempotency_key is None and limits is None and policy and self._fusable(policy):
-            self._plan_fused(policy, message)
-            return message
-        await guarded_pre_send(self, task, policy, limits, message)
+        mw = self.mw
+        flow = submission.submit(mw.dedup, mw.idempotency, mw.reservations, self.recent, call)
+        taken = await mw.dedup.adrive(flow)
+        if taken.key is not None:
+            set_label(message, KEY_LABEL, taken.key, parsed=False)
+        if taken.scope is not None:
+            set_label(message, SCOPE_LABEL, taken.scope, parsed=False)
+        message.task_id = taken.job_id  # a duplicate's (or a hit's) handle: the existing job
+        remember(Decision(message, call.job_id, taken))  # for the kick
         return message
 
-    def _plan_fused(self, policy: TaskPolicy, message: TaskiqMessage) -> None:
-        """Plan the acquire, to run in the kick with the push (one round trip)."""
+    def _call(self, message: TaskiqMessage) -> Call | None:
+        """The call a message makes, read from its labels once; None for a task with no
+        policy, cap or idempotency key. A retry (``_retries``) names its job's key and scope."""
         broker = self.mw.broker
-        payload = None
-        if policy.policy.on_conflict == "reschedule_once":
-            payload = dump_call(broker, message.args, message.kwargs)
-        plan = self.mw.dedup.plan_enqueue(
-            policy,
+        task = broker.find_task(message.task_name)
+        if task is None:
+            return None
+        policy, limits = self.mw.policies.for_message(task, message), task_limits(task)
+        idempotency_key = label(message, IDEMPOTENCY_KEY_LABEL)
+        if policy is None and limits is None and idempotency_key is None:
+            return None
+        retries = int(label(message, RETRIES_LABEL) or 0)
+        ttl = label(message, IDEMPOTENCY_TTL_LABEL)
+        call = Call(
+            message.task_name,
+            call_shape(task_function(task)),
             message.args,
             message.kwargs,
             message.task_id,
-            queue=queue_of(broker, message),
+            policy,
+            limits,
+            idempotency_key=idempotency_key,
+            idempotency_ttl=None if ttl is None else float(ttl),
             delay=float(label(message, "delay") or 0.0),
-            payload=payload,
+            queue=queue_of(broker, message),
+            scheduled=message.labels.get("schedule_id"),
+            dump=lambda: dump_call(broker, message.args, message.kwargs),
         )
-        if isinstance(plan, Ticket):  # not deduplicated (disabled, scheduled, ...)
-            return
-        assert isinstance(plan.op, Acquire)
-        set_label(message, KEY_LABEL, plan.op.key, parsed=False)
-        decision = Decision(message, message.task_id, message.task_id)
-        decision.step = plan
-        remember(decision)
+        if retries > 0:
+            call.retry, call.attempt = True, retries - 1
+            call.key = label(message, KEY_LABEL) or None
+            call.scope = label(message, SCOPE_LABEL) or None
+        return call
+
+    def _fused(self, call: Call, message: TaskiqMessage) -> bool:
+        """Plan the acquire of a plain call that :func:`~taskdedup.submission.may_fuse`
+        (taskiq turns an error of the kick into SendTaskError), to run in the kick with the
+        push, on a taskiq-redis ListQueueBroker on the store's own Redis; not a scheduler's
+        tick (the usual path says its skips once per entry). False: the usual path."""
+        policy, settings = call.policy, self.mw.settings
+        plain = call.idempotency_key is None and call.limits is None and call.scheduled is None
+        if policy is None or not plain:
+            return False
+        if not submission.may_fuse(policy, settings, errors_leave_publish=False):
+            return False
+        if self._fusable_broker is None:
+            broker, store = self.mw.broker, self.mw.dedup.store
+            self._fusable_broker = (
+                type(broker).kick is ListQueueBroker.kick
+                and pushes_with_lock(store)
+                and store.shares_server(broker.connection_pool.connection_kwargs)  # type: ignore[attr-defined]
+            )
+        if not self._fusable_broker:
+            return False
+        plan = submission.plan_call(self.mw.dedup, policy, call)
+        if isinstance(plan, Step):  # (a Ticket: not deduplicated, sent as it is)
+            key: str = getattr(plan.op, "key", "")  # (an enqueue's Step: its lock's key)
+            set_label(message, KEY_LABEL, key, parsed=False)
+            remember(Decision(message, call.job_id, Taken("publish", call.job_id, key), plan))
+        return True
 
     async def ask_first(self, kicker: AsyncKicker[Any, Any], args: Any, kwargs: Any) -> Any:
         """For a plain kick of a key seen held lately, the store's answer before taskiq builds
@@ -212,82 +218,58 @@ class Producer:
         handle.idempotent_hit = False  # type: ignore[attr-defined]
         return handle
 
-    def _fusable(self, policy: TaskPolicy) -> bool:
-        """Whether the kick may take the lock in the push: a taskiq-redis ListQueueBroker on
-        the store's own Redis."""
-        settings = self.mw.settings
-        if policy.policy.on_conflict == "raise" or settings.on_store_error == "raise":
-            return False  # DuplicateJob and StoreUnavailable must leave pre_send as themselves:
-            # taskiq turns an error of the kick into SendTaskError
-        if not settings.fused_publish:
-            return False
-        if self._fusable_broker is None:
-            broker, store = self.mw.broker, self.mw.dedup.store
-            self._fusable_broker = (
-                type(broker).kick is ListQueueBroker.kick
-                and isinstance(store, RedisStore)
-                and store.shares_server(broker.connection_pool.connection_kwargs)  # type: ignore[attr-defined]
-            )
-        return self._fusable_broker
-
     # ------------------------------------------------------------------ kick
 
     async def kick(self, message: BrokerMessage) -> None:
         """The broker's kick, skipped for a duplicate and fused with the acquire if planned."""
-        assert self.original_kick is not None
         decision = decision_for(message.task_id)
         if decision is None or decision.kicked:
             await self._send(message)
             return
         decision.kicked = True
-        if decision.deduplicated:
-            return
         if decision.step is not None:
             await self._acquire_and_push(decision, decision.step, message)
-            return
-        ticket = decision.ticket
+        elif not decision.deduplicated:
+            await self._publish(decision.taken, message)
+
+    async def _publish(self, taken: Taken, message: BrokerMessage) -> None:
+        """Send the message, then confirm what was taken for it (or give it back: G5)."""
         try:
             await self._send(message)
         except BaseException:
-            await give_back(self, decision)  # G5: before the error reaches the caller
+            await self._give_back(taken)
             raise
-        if ticket is not None:
-            self.mw.dedup.published(ticket)
-        if decision.recall is not None:
-            self.mw.idempotency.published(decision.recall)
+        submission.published(self.mw.dedup, self.mw.idempotency, taken)
+
+    async def _give_back(self, taken: Taken) -> None:
+        """Nothing was sent: release the lock, free the idempotency key and the slot."""
+        mw = self.mw
+        await mw.dedup.adrive(
+            submission.give_back(mw.dedup, mw.idempotency, mw.reservations, taken)
+        )
 
     async def _acquire_and_push(
         self, decision: Decision, step: Step[Ticket], message: BrokerMessage
     ) -> None:
-        store = self.mw.dedup.store
-        assert isinstance(store, RedisStore) and isinstance(step.op, Acquire)
+        dedup, store = self.mw.dedup, self.mw.dedup.store
+        assert pushes_with_lock(store)
         queue = message.labels.get("queue_name") or self.mw.broker.queue_name  # type: ignore[attr-defined]
         try:
-            reply = await store.aacquire_and_push(step.op, queue, message.message)
+            reply = await submission.apush_with_lock(store, step, queue, message.message)
         except StoreUnavailable as exc:
             step.failed(exc)  # logs (on_store_error="raise" never takes this path)
             await self._send(message)  # publish without dedup (G5)
             return
-        reply = self.mw.dedup.published_here(reply)
-        if step.waits is not None and reply.pending:  # the holder is being published:
-            ticket = await self.mw.dedup.aresume(step)  # ask until it is confirmed or gone
-        else:
-            ticket = step.done(reply)
-        self.recent.note(ticket)
-        if ticket.deduplicated:
-            decision.deduplicated = True
-            decision.job_id = decision.message.task_id = ticket.job_id
+        pushed = await dedup.adrive(submission.after_push(dedup, step, reply))
+        self.recent.note(pushed.ticket)
+        ticket = pushed.ticket
+        if pushed.answer == "duplicate":
+            decision.taken = Taken("duplicate", ticket.job_id, ticket.key)
+            decision.message.task_id = ticket.job_id
             remember(decision)
-        elif ticket.acquired and not reply.acquired:  # the holder's publish failed: ours now
-            decision.ticket = ticket
-            try:
-                await self._send(message)
-            except BaseException:
-                await give_back(self, decision)  # G5
-                raise
-            self.mw.dedup.published(ticket)
-        elif not reply.acquired:  # dry run, or the store went down: published all the same
-            await self._send(message)
+        elif pushed.answer == "publish":  # the holder's publish failed (the lock is ours), or
+            decision.taken.ticket = ticket  # the store went down: published all the same
+            await self._publish(decision.taken, message)
 
     async def _send(self, message: BrokerMessage) -> None:
         """The broker's own kick, outside any pass-through of ours (InMemoryBroker runs the
@@ -306,22 +288,17 @@ _ASK_FIRST_SKIPS = frozenset(
 )
 
 
-def _producer_of(broker: AsyncBroker) -> Producer | None:
-    return getattr(broker, "_taskdedup_producer", None)
-
-
 def mark(handle: Any) -> Any:
     """Set ``.deduplicated`` (and the holder's id) on the handle ``kiq()`` just returned."""
     decision = decision_for(handle.task_id)
+    answer = "publish"
     if decision is not None:
         forget(decision)
-    answered = bool(decision is not None and decision.kicked and decision.deduplicated)
-    hit = answered and decision is not None and decision.hit
-    if answered:
-        assert decision is not None
-        handle.task_id = decision.job_id
-    handle.deduplicated = answered and not hit
-    handle.idempotent_hit = hit
+        if decision.kicked and decision.deduplicated:
+            answer = decision.taken.answer
+            handle.task_id = decision.taken.job_id
+    handle.deduplicated = answer == "duplicate"
+    handle.idempotent_hit = answer == "hit"
     return handle
 
 
@@ -333,7 +310,7 @@ class DedupKicker(AsyncKicker[P, R]):
     """
 
     async def kiq(self, *args: Any, **kwargs: Any) -> Any:
-        producer = _producer_of(self.broker)
+        producer: Producer | None = getattr(self.broker, "_taskdedup_producer", None)
         if producer is not None:
             early = await producer.ask_first(self, args, kwargs)
             if early is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from typing import Any
 
@@ -24,7 +25,7 @@ from taskiq.message import TaskiqMessage
 from .. import submission
 from ..decide import STORE_RETRY_MAX
 from ..decide.envelope import Waits
-from ..stores.base import Handoff
+from ..delivery import HandOff
 from .options import (
     ATTEMPT_LABEL,
     FENCE_LABEL,
@@ -59,11 +60,9 @@ class Resender:
         waits: Waits | None = None,
     ) -> None:
         """Send a copy of this delivery (same id) after ``delay``, holding the delivery until
-        then (a broker with acknowledgements redelivers it if the worker dies meanwhile); a
-        worker that stops sends the copies still waiting at once. A copy the broker refuses is
-        tried again, with back-off, until it is taken or the worker stops.
-        ``waits``: the claims the store could not answer, carried on the copy (None: as the
-        delivery carries them)."""
+        then; a copy the broker refuses is tried again, with back-off, until it is taken or the
+        worker stops. ``waits``: the claims the store could not answer, carried on the copy
+        (None: as the delivery carries them)."""
         copy = message.model_copy(deep=True)
         copy.kwargs.pop(SKIP_KWARG, None)
         copy.kwargs.pop(RUN_KWARG, None)
@@ -81,7 +80,9 @@ class Resender:
                 with contextlib.suppress(asyncio.TimeoutError):  # the worker stops: send now
                     await asyncio.wait_for(self._stop.wait(), pause)
             try:
-                await self.send(message)
+                await self.send(
+                    message.task_name, message.labels, message.task_id, message.args, message.kwargs
+                )
                 return
             except Exception as exc:
                 if self._stopping:
@@ -102,61 +103,42 @@ class Resender:
                 )
 
     async def send(
-        self,
-        message: TaskiqMessage,
-        *,
-        task_id: str | None = None,
-        args: list[Any] | None = None,
-        kwargs: dict[str, Any] | None = None,
-        drop_labels: tuple[str, ...] = (),
-        add_labels: dict[str, Any] | None = None,
+        self, task: str, labels: dict[str, Any], job_id: str, args: Any, kwargs: Any
     ) -> None:
-        """Send ``message`` (or a variant of it) as it is: taskdedup does not deduplicate it."""
-        labels = {k: v for k, v in message.labels.items() if k not in drop_labels}
-        labels.update(add_labels or {})
-        kicker: AsyncKicker[Any, Any] = AsyncKicker(message.task_name, self.mw.broker, labels)
+        """Send a job as it is: taskdedup does not deduplicate it."""
+        kicker: AsyncKicker[Any, Any] = AsyncKicker(task, self.mw.broker, dict(labels))
         token = PASS_THROUGH.set(True)
         try:
-            await kicker.with_task_id(task_id or message.task_id).kiq(
-                *(message.args if args is None else args),
-                **(message.kwargs if kwargs is None else kwargs),
-            )
+            await kicker.with_task_id(job_id).kiq(*args, **kwargs)
         finally:
             PASS_THROUGH.reset(token)
 
-    async def hand_off(self, message: TaskiqMessage, key: str | None, handoff: Handoff) -> None:
-        """Publish the one rescheduled run (reschedule_once) under the id the lock now holds. A
-        failure to send it frees its lock and slot and is logged; the run in hand goes on."""
-        if key is None:
-            return
-        if handoff.payload is not None:
-            args, kwargs = load_call(self.mw.broker, handoff.payload)
-        else:
-            args = list(message.args)
-            kwargs = {k: v for k, v in message.kwargs.items() if k != SKIP_KWARG}
-        mw, name, job_id = self.mw, message.task_name, handoff.job_id
-        task = mw.broker.find_task(name)
-        fn = call_shape(task_function(task)) if task is not None else None
-        limits = task_limits(task) if task is not None else None
-        owed = submission.take_owed(mw.reservations, name, fn, limits, key, job_id, args, kwargs)
-        taken = await mw.dedup.adrive(owed)
-        try:
-            await self.send(
-                message,
-                task_id=job_id,
-                args=args,
-                kwargs=kwargs,
-                drop_labels=_NOT_HANDED_ON,
-                add_labels={SCOPE_LABEL: taken.scope} if taken.scope else None,
-            )
-        except Exception:  # the run in hand goes on; the rescheduled one is lost, loudly
-            gave_back = submission.give_back(mw.dedup, mw.idempotency, mw.reservations, taken)
-            await mw.dedup.adrive(gave_back)
-            log.exception(
-                "taskdedup: could not send the rescheduled run of %s (reschedule_once)", name
-            )
-            return
-        submission.published(mw.dedup, mw.idempotency, taken)
+    async def hand_off(self, message: TaskiqMessage, owed: HandOff) -> None:
+        """Publish the one rescheduled run (reschedule_once) under the id the lock now holds
+        (:func:`~taskdedup.submission.publish_owed`), with the labels of ``message``."""
+        mw, task = self.mw, self.mw.broker.find_task(message.task_name)
+        run = submission.Call(
+            message.task_name,
+            call_shape(task_function(task)) if task is not None else None,
+            list(message.args),
+            {k: v for k, v in message.kwargs.items() if k != SKIP_KWARG},
+            owed.handoff.job_id,
+            None,
+            task_limits(task) if task is not None else None,
+            key=owed.key,
+        )
+        load = functools.partial(load_call, mw.broker)
+        flow = submission.publish_owed(
+            mw.dedup, mw.idempotency, mw.reservations, run, owed.handoff.payload, load
+        )
+
+        async def send(request: submission.SendOwed) -> None:
+            labels = {k: v for k, v in message.labels.items() if k not in _NOT_HANDED_ON}
+            if request.scope:
+                labels[SCOPE_LABEL] = request.scope
+            await self.send(message.task_name, labels, request.job_id, request.args, request.kwargs)
+
+        await mw.dedup.adrive(flow, send)
 
     def watch(self, broker: Any) -> None:
         """Send the waiting copies at once when the worker stops reading ``broker`` (taskiq

@@ -1,5 +1,5 @@
-"""What the producer decided for each send (read by the kick, the kicker and the guarded
-publish), and the helpers both sides use to read and re-send a taskiq message."""
+"""What the producer decided for each send (read by the kick and the kicker), and the helpers
+both sides use to read and re-send a taskiq message."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from taskiq.message import TaskiqMessage
 
 from ..decide import Step, Ticket
-from ..idempotency import Recall
+from ..submission import Taken
 
 if TYPE_CHECKING:
     from taskiq.abc.broker import AsyncBroker
@@ -23,14 +23,14 @@ class Decision:
 
     message: TaskiqMessage
     sent_id: str  # the task id the message was built with
-    job_id: str  # the id the caller's handle gets: the holder's for a duplicate
-    deduplicated: bool = False
-    ticket: Ticket | None = None  # acquired in pre_send: confirm after the kick
+    taken: Taken  # to confirm after the kick (or give back), or the existing job the caller gets
     step: Step[Ticket] | None = None  # fused path: acquire and push in the kick
     kicked: bool = False
-    hit: bool = False  # an idempotency key answered with its original job
-    recall: Recall | None = None  # a new idempotency record: confirm after the kick
-    scope: str | None = None  # the reservation scope whose slot the job holds
+
+    @property
+    def deduplicated(self) -> bool:
+        """Nothing is sent: the caller gets an existing job (a duplicate, an idempotent hit)."""
+        return self.taken.answer != "publish"
 
 
 #: The decisions of this context's sends, by task id (the id sent and, once known, the id
@@ -50,7 +50,7 @@ def remember(decision: Decision) -> None:
     if len(table) >= _KEEP:
         for stale in list(table)[: _KEEP // 2]:
             del table[stale]
-    table[decision.sent_id] = table[decision.job_id] = decision
+    table[decision.sent_id] = table[decision.taken.job_id] = decision
 
 
 def decision_for(task_id: str) -> Decision | None:
@@ -68,7 +68,7 @@ def forget(decision: Decision) -> None:
     table = _DECISIONS.get()
     if table is not None:
         table.pop(decision.sent_id, None)
-        table.pop(decision.job_id, None)
+        table.pop(decision.taken.job_id, None)
 
 
 #: Set while taskdedup itself re-sends a message (a deferred copy, a hand-off): no dedup.

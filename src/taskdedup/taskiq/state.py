@@ -4,6 +4,8 @@ and the declared policies. ``DedupMiddleware`` adds the producer and the worker 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import quote
 
@@ -15,7 +17,6 @@ from ..errors import ConfigError
 from ..features import Features
 from ..policy import TaskPolicy
 from ..settings import Settings
-from ..startup import announce
 from ..stores import Store, from_url
 from .options import Policies, declared
 
@@ -34,37 +35,24 @@ class DedupState(TaskiqMiddleware, Features, Callbacks):
         self._dedup: Deduplicator | None = None
         self.policies = Policies(self.settings)
 
-    def retried(self, job_id: str, attempt: int) -> None:
-        """The producer side saw a retry of ``job_id`` sent after ``attempt`` failed."""
-
     @property
     def dedup(self) -> Deduplicator:
         """The Deduplicator, made on first use (so a bad URL fails where it is used)."""
         if self._dedup is None:
-            dedup = Deduplicator(self._store or self._default_store(), self.settings)
-            dedup.listeners.add(self._tell)
-            announce(self.settings, dedup.store, self.bound_policies())
-            self._dedup = dedup
+            store = self._store or self._default_store()
+            self._dedup = self.new_dedup(store, self.settings, self._tell)
         return self._dedup
 
-    def bound_policies(self, *, strict: bool = False) -> dict[str, TaskPolicy]:
-        """The bound policies of the broker's tasks, by task name (the startup line, the CLI,
-        check_policies). ``strict``: a bad declaration or label raises its ConfigError; else
-        it is left out (it is reported where the task is checked)."""
-        found = {}
+    def policy_sources(self, strict: bool) -> Iterable[tuple[str, Callable[[], Any]]]:
+        """The broker's tasks, each with how to bind its policy (``strict``: its declaration
+        and labels checked first)."""
         tasks: dict[str, Any] = getattr(getattr(self, "broker", None), "get_all_tasks", dict)()
-        for name, task in tasks.items():
-            try:
-                if strict:
-                    self.policies.check(task)
-                policy = self.policies.resolve(task, declared(task), ())
-            except ConfigError:
-                if strict:
-                    raise
-                continue
-            if policy is not None:
-                found[name] = policy
-        return found
+        return [(name, functools.partial(self._bind, task, strict)) for name, task in tasks.items()]
+
+    def _bind(self, task: Any, strict: bool) -> TaskPolicy | None:
+        if strict:
+            self.policies.check(task)
+        return self.policies.resolve(task, declared(task), ())
 
     def _default_store(self) -> Store:
         url, told = self.settings.url, self.settings.store_options()

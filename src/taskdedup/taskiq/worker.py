@@ -4,10 +4,9 @@ A taskiq middleware cannot stop the receiver from calling the task, so each dedu
 function gets a thin guard: a delivery that must not run carries a marker keyword argument, and
 the guard raises taskiq's ``NoResultError`` (a kind that pickles) instead of calling the
 function. taskiq then writes no result (the holder's stays), the retry middlewares leave it
-alone, and the message is acknowledged as usual. A copy whose holder still runs, a
-while_executing job whose key is busy, or a job whose scope is full is sent again later under
-the same id (``resend``; if the holder died meanwhile, the copy takes over after the lease).
-A copy of a finished job is dropped (G7).
+alone, and the message is acknowledged as usual. A delivery that may not run now
+(:func:`taskdedup.delivery.admit`) is sent again later under the same id (``resend``); a copy
+of a finished job is dropped (G7).
 
 The lock is finished in ``post_execute``, which runs after every middleware's ``on_error``: by
 then a retry middleware has re-sent the job (seen by the producer side, which keeps the lock)
@@ -19,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from taskiq.decor import AsyncTaskiqDecoratedTask
@@ -51,7 +49,6 @@ from .resend import Resender
 from .sends import queue_of
 from .state import DedupState
 
-log = logging.getLogger("taskdedup")
 T = TypeVar("T")
 
 
@@ -118,12 +115,19 @@ def guard(task: AsyncTaskiqDecoratedTask[Any, Any]) -> None:
 
 @dataclasses.dataclass(slots=True)
 class Run:
-    """One admitted delivery, from ``pre_execute`` to ``post_execute``."""
+    """A delivery that holds its key or a slot, from ``pre_execute`` to ``post_execute``."""
 
     delivery: delivery.Delivery
-    admission: Admission
-    retried: bool = False  # a retry of this attempt was sent: keep the lock
+    admission: Admission | None  # the claim, when it holds the key
+    slot: Lease | None  # its scope's slot
+    retried: bool = False  # a retry of this attempt was sent: keep the lock and the slot
     error: BaseException | None = None  # what the task raised (before middlewares changed it)
+
+    @property
+    def leases(self) -> list[Lease]:
+        """What the heartbeat renews while the delivery runs: its lock, its slot."""
+        held = (self.admission.lease if self.admission else None, self.slot)
+        return [lease for lease in held if lease is not None]
 
 
 class Worker:
@@ -133,7 +137,6 @@ class Worker:
     def __init__(self, middleware: DedupState) -> None:
         self.mw = middleware
         self.runs: dict[tuple[str, int], Run] = {}
-        self.slots: dict[tuple[str, int], list[Any]] = {}  # [slot lease, retried]
         self._threads: set[asyncio.Task[None]] = set()  # waiting for a timed-out sync task
         self._heartbeat: AsyncHeartbeat | None = None
         self.resender = Resender(middleware)
@@ -144,11 +147,11 @@ class Worker:
         return self._heartbeat
 
     async def pre_execute(self, message: TaskiqMessage) -> TaskiqMessage:
-        broker = self.mw.broker
-        task = broker.find_task(message.task_name)
+        mw = self.mw
+        task = mw.broker.find_task(message.task_name)
         if task is None:
             return message
-        policy = self.mw.policies.for_message(task, message)
+        policy = mw.policies.for_message(task, message)
         attempt = int(label(message, RETRIES_LABEL) or 0)
         if policy is None and not label(message, SCOPE_LABEL):
             return message
@@ -164,62 +167,50 @@ class Worker:
             key=label(message, KEY_LABEL) or None,
             args=message.args,
             kwargs=message.kwargs,
-            queue=queue_of(broker, message),
+            queue=queue_of(mw.broker, message),
             waits=Waits.read(lambda name: label(message, name)),
         )
-        mw = self.mw
         flow = delivery.admit(mw.dedup, mw.reservations, d, mw.settings.default_lease)
         verdict = await self._drive(message, flow)
         admission = verdict.admission
         if verdict.action != "run":
-            message.kwargs[SKIP_KWARG] = admission.outcome if admission else verdict.why
+            message.kwargs[SKIP_KWARG] = verdict.action
             if verdict.action == "resend":
                 await self.resender.later(message, verdict.delay, verdict.waits)
             return message
         if admission is not None and admission.key is not None:
             set_label(message, KEY_LABEL, admission.key, parsed=True)
             set_label(message, FENCE_LABEL, admission.fence, parsed=True)
-        if admission is not None and admission.outcome == "run":
+        run = Run(d, admission if admission and admission.lease else None, verdict.slot)
+        if run.leases:
             # the retry middlewares bump _retries in this very labels dict when they re-send
             set_label(message, ATTEMPT_LABEL, attempt, parsed=True)
-            self.runs[(message.task_id, attempt)] = Run(d, admission)
-            self._end_with_this_delivery((message.task_id, attempt))
-            if admission.lease is not None:
-                self.heartbeat().add(admission.lease)
-        self._hold_slot(message, verdict.slot, attempt)
-        _mark_sync_run(task, message, attempt)
+            self._hold((message.task_id, attempt), run)
+        if isinstance(task.original_func, _SyncGuard):  # name a sync delivery to its guard
+            message.kwargs[RUN_KWARG] = _ident(message.task_id, attempt)  # (after the claim)
         return message
 
     async def _drive(self, message: TaskiqMessage, flow: Flow[T]) -> T:
         async def hand_off(owed: delivery.HandOff) -> None:
-            await self.resender.hand_off(message, owed.key, owed.handoff)
+            await self.resender.hand_off(message, owed)
 
         return await self.mw.dedup.adrive(flow, hand_off)
 
-    def _hold_slot(self, message: TaskiqMessage, held: Lease | None, attempt: int) -> None:
-        """The delivery runs: renew its slot by heartbeat until it ends."""
-        if held is None:
-            return
-        set_label(message, ATTEMPT_LABEL, attempt, parsed=True)
-        self.slots[(message.task_id, attempt)] = [held, False]
-        self._end_with_this_delivery((message.task_id, attempt))
-        self.heartbeat().add(held)
-
-    def _end_with_this_delivery(self, ident: tuple[str, int]) -> None:
-        """If post_execute never runs for this delivery (another middleware raised first),
-        stop renewing its leases when the receiver's task for it ends: the lock and the slot
-        then lapse within one lease (G4), instead of living as long as the worker."""
+    def _hold(self, ident: tuple[str, int], run: Run) -> None:
+        """Renew the run's lock and slot by heartbeat until it ends. If post_execute never runs
+        for this delivery (another middleware raised first), stop when the receiver's task for
+        it ends: the lock and the slot then lapse within one lease (G4), instead of living as
+        long as the worker."""
+        self.runs[ident] = run
+        for lease in run.leases:
+            self.heartbeat().add(lease)
         task = asyncio.current_task()
         if task is not None:
-            task.add_done_callback(lambda _: self._abandon(ident))
+            task.add_done_callback(lambda _: self._let_go(self.runs.pop(ident, None)))
 
-    def _abandon(self, ident: tuple[str, int]) -> None:
-        run = self.runs.pop(ident, None)
-        if run is not None and run.admission.lease is not None:
-            self.heartbeat().discard(run.admission.lease)
-        slot = self.slots.pop(ident, None)
-        if slot is not None:
-            self.heartbeat().discard(slot[0])
+    def _let_go(self, run: Run | None) -> None:
+        for lease in run.leases if run is not None else ():
+            self.heartbeat().discard(lease)
 
     def on_error(self, message: TaskiqMessage, exception: BaseException) -> None:
         if SKIP_KWARG in message.kwargs:
@@ -233,71 +224,47 @@ class Worker:
         run = self.runs.get((job_id, attempt))
         if run is not None:
             run.retried = True
-        slot = self.slots.get((job_id, attempt))
-        if slot is not None:
-            slot[1] = True
 
     async def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
-        if message.kwargs.pop(SKIP_KWARG, None) is not None:
-            message.kwargs.pop(RUN_KWARG, None)
-            return
+        skipped = message.kwargs.pop(SKIP_KWARG, None) is not None
         message.kwargs.pop(RUN_KWARG, None)
-        attempt = _attempt(message)
-        run = self.runs.pop((message.task_id, attempt), None)
-        slot = self.slots.pop((message.task_id, attempt), None)
-        if _still_running(_ident(message.task_id, attempt)):
-            # a sync task cut by taskiq's timeout runs on in its thread: keep its lock and slot
-            # (the heartbeat renews them) until the thread is out of the function
-            end = functools.partial(self._end, message, result, attempt, run, slot)
-            later = asyncio.get_running_loop().create_task(
-                self._after_thread(_ident(message.task_id, attempt), end)
-            )
-            self._threads.add(later)
-            later.add_done_callback(self._threads.discard)
+        attempt = _attempt(message)  # (a skipped copy's run, if any, is another delivery's)
+        run = None if skipped else self.runs.pop((message.task_id, attempt), None)
+        if run is None:
+            return  # it holds nothing
+        if not _still_running(_ident(message.task_id, attempt)):
+            await self._end(message, result, attempt, run)
             return
-        await self._end(message, result, attempt, run, slot)
-
-    async def _after_thread(self, ident: str, end: Callable[[], Awaitable[None]]) -> None:
-        while _still_running(ident):
-            await asyncio.sleep(0.05)
-        await end()
+        # a sync task cut by taskiq's timeout runs on in its thread: keep its lock and slot
+        # (the heartbeat renews them) until the thread is out of the function
+        later = asyncio.get_running_loop().create_task(self._end(message, result, attempt, run))
+        self._threads.add(later)
+        later.add_done_callback(self._threads.discard)
 
     async def _end(
-        self,
-        message: TaskiqMessage,
-        result: TaskiqResult[Any],
-        attempt: int,
-        run: Run | None,
-        slot: list[Any] | None,
+        self, message: TaskiqMessage, result: TaskiqResult[Any], attempt: int, run: Run
     ) -> None:
-        """The delivery is over: free or keep its slot, finish, keep or hand on its lock. A
-        retry that was sent (or scheduled) keeps both."""
-        held, slot_retried = slot if slot is not None else (None, False)
-        if held is not None:
-            self.heartbeat().discard(held)
-        keep_lock = False
-        if run is not None:
-            if run.admission.lease is not None:
-                self.heartbeat().discard(run.admission.lease)
-            keep_lock = run.retried  # the retry's send moved the lock back to QUEUED
-            key, policy = run.admission.key, run.delivery.policy
-            if not keep_lock and key is not None and policy and _retry_scheduled(run, result):
-                # a retry middleware swapped the error for NoResultError without a send we
-                # saw (SmartRetryMiddleware with a schedule_source): keep the lock for it
-                await self.mw.dedup.aretry(policy, key, message.task_id, attempt=attempt)
-                keep_lock = True
-        d = (
-            run.delivery
-            if run is not None
-            else delivery.Delivery(message.task_name, message.task_id, None, attempt)
-        )
+        """The delivery is over (a sync one once its thread is out of the function): free or
+        keep its slot, finish, keep or hand on its lock. A retry that was sent (or scheduled)
+        keeps both."""
+        while _still_running(_ident(message.task_id, attempt)):
+            await asyncio.sleep(0.05)
+        self._let_go(run)
+        keep_lock = run.retried  # the retry's send moved the lock back to QUEUED
+        key = run.admission.key if run.admission is not None else None
+        policy = run.delivery.policy
+        if not keep_lock and key is not None and policy and _retry_scheduled(run, result):
+            # a retry middleware swapped the error for NoResultError without a send we
+            # saw (SmartRetryMiddleware with a schedule_source): keep the lock for it
+            await self.mw.dedup.aretry(policy, key, message.task_id, attempt=attempt)
+            keep_lock = True
         flow = delivery.end(
             self.mw.dedup,
             self.mw.reservations,
-            d,
-            run.admission if run is not None else None,
-            held,
-            keep_slot=slot_retried or isinstance(result.error, NoResultError),
+            run.delivery,
+            run.admission,
+            run.slot,
+            keep_slot=run.retried or isinstance(result.error, NoResultError),
             keep_lock=keep_lock,
         )
         await self._drive(message, flow)
@@ -314,14 +281,6 @@ class Worker:
 
 def _ident(task_id: str, attempt: int) -> str:
     return f"{task_id}:{attempt}"
-
-
-def _mark_sync_run(
-    task: AsyncTaskiqDecoratedTask[Any, Any], message: TaskiqMessage, attempt: int
-) -> None:
-    """Name a sync delivery to its guard (after the claim: the name is not an argument)."""
-    if isinstance(task.original_func, _SyncGuard):
-        message.kwargs[RUN_KWARG] = _ident(message.task_id, attempt)
 
 
 def _attempt(message: TaskiqMessage) -> int:

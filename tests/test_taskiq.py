@@ -8,6 +8,7 @@ post_execute). Each test runs its own event loop with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime, timezone
@@ -528,6 +529,55 @@ def test_a_duplicate_scheduled_kick_is_skipped_quietly() -> None:
 
     run(started(broker, body))
     assert runs == ["core"]
+
+
+def test_a_skipped_scheduler_tick_is_said_once_per_entry_as_under_celery_beat(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The same rule as Celery beat's (tests/test_config_errors.py): while an entry's last run
+    holds its key, each tick is skipped, counted in stats["beat.skipped"], and said at INFO
+    once (not once per tick), whatever on_conflict says."""
+    broker, _ = make_broker()
+    dedup = next(m for m in broker.middlewares if isinstance(m, DedupMiddleware))
+
+    @broker.task(deduplicate={"strategy": "until_executed", "on_conflict": "drop"})
+    async def nightly_digest(team: str) -> None:
+        await asyncio.sleep(0.5)
+
+    class Source:
+        async def get_schedules(self) -> list[ScheduledTask]:
+            return []
+
+        def pre_send(self, task: ScheduledTask) -> None: ...
+
+        def post_send(self, task: ScheduledTask) -> None: ...
+
+    scheduler = TaskiqScheduler(broker, [])
+    tick = ScheduledTask(
+        task_name=nightly_digest.task_name,
+        labels={},
+        args=["core"],
+        kwargs={},
+        time=datetime.now(timezone.utc),
+    )
+
+    async def body() -> None:
+        await scheduler.on_ready(Source(), tick)  # type: ignore[arg-type]
+        for _ in range(3):  # the first run still holds the key
+            await scheduler.on_ready(Source(), tick)  # type: ignore[arg-type]
+
+    caplog.set_level(logging.INFO, logger="taskdedup")
+    run(started(broker, body))
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "taskdedup"
+        and r.levelno >= logging.INFO
+        and "nightly_digest" in r.getMessage()
+    ]
+    assert len(said) == 1 and said[0].startswith("beat skipped "), said
+    assert f"entry={tick.schedule_id}" in said[0]
+    assert dedup.dedup.stats["beat.skipped"] == 3
 
 
 def test_dry_run_and_the_kill_switch_drop_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,8 @@ benchmarks/results/latest.json.
 some groups (plot: enqueue throughput against producer threads and processes,
 docs/bench-throughput.png; store: the store's Redis commands and CPU per enqueue, duplicate and
 drained job, and what a finished job leaves, counted on a Redis of its own after the timed
-groups); ``--no-readme``: leave README.md alone.
+groups); ``--no-readme``: leave README.md alone. Only a whole run writes the README table and
+latest.json; a partial one (``--only``, ``--quick``, ``--no-readme``) writes results/probe.json.
 """
 
 from __future__ import annotations
@@ -64,12 +65,16 @@ def main() -> int:
     note = f"\n\nMeasured {started} by `make bench` on {about['summary']}."
     print(text + note)
     RESULTS.parent.mkdir(exist_ok=True)
+    # Only a whole run stands for the README: a partial one (--only, --quick, --no-readme)
+    # goes to probe.json, beside it, so latest.json and the table keep coming from one run.
+    whole = only == set(GROUPS) and not args.quick and not args.no_readme
+    out = RESULTS if whole else RESULTS.with_name("probe.json")
     figures = [
         {"group": r.group, "operation": r.name, "p50_us": round(r.p50_us, 1),
          "p99_us": round(r.p99_us, 1), "ops_per_s": round(r.ops_per_s), "vs_plain": ratio}
         for r, ratio in zip(rows, ratios(rows), strict=True)
     ]  # fmt: skip
-    RESULTS.write_text(
+    out.write_text(
         json.dumps(
             {
                 "date": started,
@@ -81,8 +86,8 @@ def main() -> int:
             indent=1,
         )
     )
-    print(f"figures written to {RESULTS}")
-    if not args.no_readme and not args.quick and update_readme(text + note):
+    print(f"figures written to {out}")
+    if whole and update_readme(text + note):
         print("README.md benchmark table updated.")
     return 0
 

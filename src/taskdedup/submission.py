@@ -220,6 +220,12 @@ def _enqueue(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Flow[Ticket
     return ticket
 
 
+def planned_key(plan: Step[Ticket]) -> str:
+    """The key whose lock a planned enqueue (:func:`plan_call`'s Step) takes."""
+    assert isinstance(plan.op, Acquire)
+    return plan.op.key
+
+
 def key_of(
     policy: TaskPolicy,
     key: str | None,

@@ -32,6 +32,7 @@ from ..submission import (
     lately_key,
     lock_taken,
     plan_call,
+    planned_key,
     published,
     submit,
 )
@@ -135,14 +136,12 @@ class Publisher:
         plan = plan_call(integ.dedup, policy, call)
         if not isinstance(plan, Step):
             return None
-        call.key = getattr(plan.op, "key", None)  # (the usual path must not bind it again)
-        if call.key is None or self.recent.seen(call.key):
+        call.key = planned_key(plan)  # (the usual path must not bind it again)
+        if self.recent.seen(call.key):
             return None
-        sent = None
-        if not integ.fused_publish:
-            sent = cast(SendsEarly, integ.dedup.store).send(plan.op)
-            if sent is None:
-                return None
+        sent = None if integ.fused_publish else cast(SendsEarly, integ.dedup.store).send(plan.op)
+        if sent is None and not integ.fused_publish:
+            return None  # (it could not be written: the usual path)
         return self._publish_pending(plan, call, name, args, kwargs, options, sent)
 
     def wrap_apply_async(self, task: Any) -> None:

@@ -183,7 +183,7 @@ class Producer:
             return False
         plan = submission.plan_call(self.mw.dedup, policy, call)
         if isinstance(plan, Step):  # (a Ticket: not deduplicated, sent as it is)
-            key: str = getattr(plan.op, "key", "")  # (an enqueue's Step: its lock's key)
+            key = submission.planned_key(plan)
             set_label(message, KEY_LABEL, key, parsed=False)
             remember(Decision(message, call.job_id, Taken("publish", call.job_id, key), plan))
         return True

@@ -349,14 +349,24 @@ def test_idempotent_is_gone() -> None:
 # ---------------------------------------------------------------- beat
 
 
+@pytest.mark.parametrize("apart", [False, True], ids=["back_to_back", "ticks_apart"])
 @pytest.mark.parametrize("on_conflict", ["drop", "raise"])
 def test_beat_logs_a_run_skipped_for_a_running_one_once_and_counts_it(
-    on_conflict: str, redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+    on_conflict: str,
+    apart: bool,
+    redis_url: str,
+    key_prefix: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """``apart``: ticks further apart than the publisher remembers a key held (a real beat
+    interval), so each takes the publish path that writes its acquire early."""
     from celery.beat import ScheduleEntry, Scheduler
 
     app = make_app(redis_url, key_prefix)
     integ = install(app)
+    if apart:
+        assert integ.publisher is not None
+        integ.publisher.recent.seconds = 0.0  # type: ignore[attr-defined]
     started, release = threading.Event(), threading.Event()
 
     @deduplicate("until_executed", on_conflict=on_conflict)  # type: ignore[arg-type]

@@ -580,6 +580,45 @@ def test_a_skipped_scheduler_tick_is_said_once_per_entry_as_under_celery_beat(
     assert dedup.dedup.stats["beat.skipped"] == 3
 
 
+def test_a_dry_run_still_says_which_scheduler_ticks_it_would_skip(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broker, _ = make_broker(dry_run=True)
+    runs: list[str] = []
+
+    @broker.task(deduplicate={"strategy": "until_executed"})
+    async def nightly_export(team: str) -> None:
+        runs.append(team)
+        await asyncio.sleep(0.5)
+
+    class Source:
+        async def get_schedules(self) -> list[ScheduledTask]:
+            return []
+
+        def pre_send(self, task: ScheduledTask) -> None: ...
+
+        def post_send(self, task: ScheduledTask) -> None: ...
+
+    scheduler = TaskiqScheduler(broker, [])
+    tick = ScheduledTask(
+        task_name=nightly_export.task_name,
+        labels={},
+        args=["core"],
+        kwargs={},
+        time=datetime.now(timezone.utc),
+    )
+
+    async def body() -> None:
+        for _ in range(2):
+            await scheduler.on_ready(Source(), tick)  # type: ignore[arg-type]
+        await until(lambda: len(runs) == 2, what="both ticks to run (a dry run drops nothing)")
+
+    caplog.set_level(logging.INFO, logger="taskdedup")
+    run(started(broker, body))
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(m.startswith("enqueue would_deduplicate") for m in said), said
+
+
 def test_dry_run_and_the_kill_switch_drop_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     for settings, env in (({"dry_run": True}, None), ({}, "false")):
         if env is not None:

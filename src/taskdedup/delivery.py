@@ -74,6 +74,11 @@ class Verdict:
     waits: Waits = dataclasses.field(default_factory=Waits)
     why: str = ""  # for the log line of a delivery that does not run
 
+    @property
+    def reason(self) -> str:
+        """Why the delivery does not run now (busy, running, store_unavailable...)."""
+        return self.admission.outcome if self.admission is not None else self.why
+
 
 def start_slot(
     guard: ReservationGuard, d: Delivery, default_lease: float
@@ -212,7 +217,8 @@ def discard(
     if key is None or not release:
         if release:
             log.info(
-                "taskdedup: %s %s[%s]: its key is unknown: its lock lapses after its ttl",
+                "taskdedup: %s %s[%s]: its key is unknown (none in its message, no "
+                "arguments): its lock lapses after its ttl",
                 why,
                 task,
                 job_id,

@@ -20,6 +20,7 @@ from celery.result import EagerResult
 
 from ..recent import RecentKeys
 from ..submission import published, submit
+from .beat import scheduled_entry
 from .messages import add_key, call_of
 from .state import integration_for
 from .tasks import task_limits, task_policy
@@ -42,14 +43,15 @@ def hook_apply() -> None:
             return original(task, args, kwargs, **options)
         integ.prepare(task)  # its run claims and finishes, as on a worker
         call = call_of(task, task.name, args, kwargs, options, policy, task_limits(task))
-        call.member = False  # (canvas members are followed only where they are published)
+        # (canvas members are followed only where they are published)
+        call.member, call.scheduled = False, scheduled_entry()
         dedup = integ.dedup
         if not call.retry:
             call.limits = None
         taken = dedup.drive(submit(dedup, integ.idempotency, integ.reservations, _RECENT, call))
         if call.retry:  # Task.retry, eager: applied again, keeping its lock (G6)
             assert integ.publisher is not None
-            run = functools.partial(_apply_as_published, original, task)
+            run = lambda _, a, k, **o: original(task, a, k, **o)  # noqa: E731
             return integ.publisher.answer(taken, call, run, task.name, args, kwargs, options)
         if taken.answer == "duplicate":
             held = EagerResult(taken.job_id, None, states.PENDING)
@@ -64,7 +66,3 @@ def hook_apply() -> None:
 
     Task.apply = apply
     Task._taskdedup_hooked = True
-
-
-def _apply_as_published(original: Any, task: Any, _: str, args: Any, kwargs: Any, **o: Any) -> Any:
-    return original(task, args, kwargs, **o)

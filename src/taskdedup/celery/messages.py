@@ -51,11 +51,12 @@ def delay_of(options: dict[str, Any]) -> float:
     if countdown:
         return max(float(countdown), 0.0)
     eta = options.get("eta")
-    return (
-        0.0
-        if eta is None
-        else _seconds_until(dt.datetime.fromisoformat(eta) if isinstance(eta, str) else eta)
-    )
+    if isinstance(eta, str):
+        try:
+            eta = dt.datetime.fromisoformat(eta)
+        except ValueError:
+            return 0.0  # Celery itself will say what is wrong with it
+    return _seconds_until(eta) if isinstance(eta, dt.datetime) else 0.0
 
 
 def expires_in_of(options: dict[str, Any]) -> float | None:

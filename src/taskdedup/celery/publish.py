@@ -78,7 +78,7 @@ class Publisher:
         if call.member and not call.retry:  # never capped, followed when a duplicate
             if policy is None or idempotency[0] is not None or not results_kept(integ, task):
                 return self.original(name, args, kwargs, **options)  # as it is: never waits
-        elif policy and not (call.retry or call.limits or call.idempotency_key):  # plain
+        elif policy and not (call.retry or call.limits or call.idempotency_key or call.scheduled):
             fast = self._publish_fast(call, policy, name, args, kwargs, options)
             if fast is not None:
                 return fast

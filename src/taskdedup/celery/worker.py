@@ -162,7 +162,7 @@ class Worker:
                     "here and asks again in %gs",
                     task.name,
                     request.id,
-                    verdict.why,
+                    verdict.reason,
                     exc,
                     verdict.delay,
                 )

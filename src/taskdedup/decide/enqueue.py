@@ -79,7 +79,7 @@ def plan_enqueue(
         note(
             "enqueue",
             "would_deduplicate" if dry else "duplicate",
-            logging.DEBUG if quiet else logging.INFO,
+            logging.DEBUG if quiet and not dry else logging.INFO,
             task,
             key=key,
             holder=reply.holder,

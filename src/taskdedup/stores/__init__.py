@@ -44,7 +44,10 @@ _capabilities: weakref.WeakKeyDictionary[Store, tuple[bool, bool]] = weakref.Wea
 
 
 def _capabilities_of(store: Store) -> tuple[bool, bool]:
-    found = _capabilities.get(store)
+    try:
+        found = _capabilities.get(store)
+    except TypeError:  # a store that cannot be a weak key (unhashable): asked each time
+        return isinstance(store, SendsEarly), isinstance(store, PushesWithLock)
     if found is None:  # (a protocol check is slow-ish: once per store)
         found = _capabilities[store] = (
             isinstance(store, SendsEarly),

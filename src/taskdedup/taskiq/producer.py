@@ -142,7 +142,7 @@ class Producer:
         ttl = label(message, IDEMPOTENCY_TTL_LABEL)
         call = Call(
             message.task_name,
-            call_shape(task_function(task)),
+            call_shape(task_function(task)) if limits or idempotency_key else None,
             message.args,
             message.kwargs,
             message.task_id,

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .decide import Notes, Ticket
 
+#: Entries remembered as skipping; past it the memory starts over.
+MAX_ENTRIES = 10_000
+
 
 class ScheduledTicks:
     """Which schedule entries are being skipped (each is logged once while it stays so)."""
@@ -32,6 +35,8 @@ class ScheduledTicks:
                 self._skipping.pop((task, entry), None)
                 return
             first = (task, entry) not in self._skipping
+            if first and len(self._skipping) >= MAX_ENTRIES:  # one-off schedules, each new
+                self._skipping.clear()  # (at worst an entry is said once more)
             self._skipping[(task, entry)] = ticket.job_id
         level = logging.INFO if first else logging.DEBUG
         self._note(

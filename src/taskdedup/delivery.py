@@ -24,6 +24,7 @@ from .flow import Flow, ask
 from .policy import TaskPolicy
 from .reservations import ReservationGuard
 from .stores.base import Handoff, Inspect, JobState, Lease
+from .submission import key_of
 
 log = logging.getLogger("taskdedup")
 
@@ -56,7 +57,7 @@ class Delivery:
         """The job's dedup key: the one its message carries, else computed again."""
         if self.policy is None:
             return None
-        return self.key or self.policy.key_for(self.args, self.kwargs or {}, self.queue)
+        return key_of(self.policy, self.key, self.args, self.kwargs, self.queue)
 
 
 Action = Literal["run", "resend", "drop"]

@@ -52,7 +52,6 @@ class Call:
     idempotency_ttl: float | None = None
     delay: float = 0.0  # an ETA's seconds from now
     queue: str | None = None
-    payload: str | None = None  # the call, kept for reschedule_once
     expires_in: float | None = None
     #: a scheduler's tick, named by its schedule entry: a duplicate is skipped (never
     #: DuplicateJob) and said once per entry while it stays skipped
@@ -186,9 +185,8 @@ def held_lately(
 def plan_call(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Ticket | Step[Ticket]:
     """The enqueue decision of ``call``, planned (its arguments kept only for a policy that
     keeps the latest duplicate's)."""
-    payload = call.payload
-    if payload is None and call.dump is not None and policy.keeps_arguments:
-        payload = call.dump()
+    dump = call.dump
+    payload = dump() if dump is not None and policy.keeps_arguments else None
     return dedup.plan_enqueue(
         policy,
         call.args,

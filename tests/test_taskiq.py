@@ -496,6 +496,37 @@ def test_a_failed_publish_releases_the_lock_before_the_error_reaches_the_caller(
     run(started(broker, body))
 
 
+class NoSchedules:
+    """A schedule source with no schedules of its own: the tests fire its ticks by hand."""
+
+    async def get_schedules(self) -> list[ScheduledTask]:
+        return []
+
+    def pre_send(self, task: ScheduledTask) -> None: ...
+
+    def post_send(self, task: ScheduledTask) -> None: ...
+
+
+def ticker(
+    broker: InMemoryBroker, task: Any
+) -> tuple[Callable[[], Awaitable[None]], ScheduledTask]:
+    """One schedule entry of ``task`` (arguments ``["core"]``), and what fires one tick of it as
+    taskiq's scheduler does."""
+    scheduler = TaskiqScheduler(broker, [])
+    tick = ScheduledTask(
+        task_name=task.task_name,
+        labels={},
+        args=["core"],
+        kwargs={},
+        time=datetime.now(timezone.utc),
+    )
+
+    async def fire() -> None:
+        await scheduler.on_ready(NoSchedules(), tick)  # type: ignore[arg-type]
+
+    return fire, tick
+
+
 def test_a_duplicate_scheduled_kick_is_skipped_quietly() -> None:
     broker, _ = make_broker()
     runs: list[str] = []
@@ -505,27 +536,12 @@ def test_a_duplicate_scheduled_kick_is_skipped_quietly() -> None:
         runs.append(team)
         await asyncio.sleep(0.5)
 
-    class Source:
-        async def get_schedules(self) -> list[ScheduledTask]:
-            return []
-
-        def pre_send(self, task: ScheduledTask) -> None: ...
-
-        def post_send(self, task: ScheduledTask) -> None: ...
-
-    scheduler = TaskiqScheduler(broker, [])
-    tick = ScheduledTask(
-        task_name=digest.task_name,
-        labels={},
-        args=["core"],
-        kwargs={},
-        time=datetime.now(timezone.utc),
-    )
+    fire, _ = ticker(broker, digest)
 
     async def body() -> None:
-        await scheduler.on_ready(Source(), tick)  # type: ignore[arg-type]
-        await scheduler.on_ready(Source(), tick)  # the same tick again: no DuplicateJob
-        await scheduler.on_ready(Source(), tick)
+        await fire()
+        await fire()  # the same tick again: no DuplicateJob
+        await fire()
 
     run(started(broker, body))
     assert runs == ["core"]
@@ -544,27 +560,12 @@ def test_a_skipped_scheduler_tick_is_said_once_per_entry_as_under_celery_beat(
     async def nightly_digest(team: str) -> None:
         await asyncio.sleep(0.5)
 
-    class Source:
-        async def get_schedules(self) -> list[ScheduledTask]:
-            return []
-
-        def pre_send(self, task: ScheduledTask) -> None: ...
-
-        def post_send(self, task: ScheduledTask) -> None: ...
-
-    scheduler = TaskiqScheduler(broker, [])
-    tick = ScheduledTask(
-        task_name=nightly_digest.task_name,
-        labels={},
-        args=["core"],
-        kwargs={},
-        time=datetime.now(timezone.utc),
-    )
+    fire, tick = ticker(broker, nightly_digest)
 
     async def body() -> None:
-        await scheduler.on_ready(Source(), tick)  # type: ignore[arg-type]
+        await fire()
         for _ in range(3):  # the first run still holds the key
-            await scheduler.on_ready(Source(), tick)  # type: ignore[arg-type]
+            await fire()
 
     caplog.set_level(logging.INFO, logger="taskdedup")
     run(started(broker, body))
@@ -591,26 +592,11 @@ def test_a_dry_run_still_says_which_scheduler_ticks_it_would_skip(
         runs.append(team)
         await asyncio.sleep(0.5)
 
-    class Source:
-        async def get_schedules(self) -> list[ScheduledTask]:
-            return []
-
-        def pre_send(self, task: ScheduledTask) -> None: ...
-
-        def post_send(self, task: ScheduledTask) -> None: ...
-
-    scheduler = TaskiqScheduler(broker, [])
-    tick = ScheduledTask(
-        task_name=nightly_export.task_name,
-        labels={},
-        args=["core"],
-        kwargs={},
-        time=datetime.now(timezone.utc),
-    )
+    fire, _ = ticker(broker, nightly_export)
 
     async def body() -> None:
         for _ in range(2):
-            await scheduler.on_ready(Source(), tick)  # type: ignore[arg-type]
+            await fire()
         await until(lambda: len(runs) == 2, what="both ticks to run (a dry run drops nothing)")
 
     caplog.set_level(logging.INFO, logger="taskdedup")

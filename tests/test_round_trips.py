@@ -90,6 +90,7 @@ def app(layout: str, redis_url: str, key_prefix: str) -> Iterator[Celery]:
         )
         install(app, store=store)
     yield app
+    app_dedup(app).close()  # its confirmer thread stops: a later test counts no write of it
     if layout == "rabbitmq":
         with app.connection() as conn:
             conn.default_channel.queue_delete(queue)

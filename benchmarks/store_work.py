@@ -8,7 +8,8 @@ the publish rows, and for plain taskiq, taskdedup and taskiq-deduplication on a 
   batch is followed by a wait until the counters stop moving for longer than the confirmer's
   interval, so its last batch is in);
 - a duplicate enqueue of a queued job (its lock confirmed): the key's first duplicate, and a
-  later one (taskdedup writes a key's history, and checks its ttl, at its first duplicate only);
+  later one (taskdedup counts each on the lock; it checks the lock's ttl at a holder's second
+  duplicate and every 64th, and writes the duplicates to the key's history as the lock ends);
 - a drained job (a solo-pool worker's claim, run and finish; Redis broker layouts), also over
   plain Celery's own per-job work where the broker is the same Redis;
 

@@ -16,7 +16,7 @@ import redis
 
 from harness import wait_for
 from taskdedup import Deduplicator, Policy, RedisStore
-from taskdedup.stores.base import Inspect
+from taskdedup.stores.base import Inspect, Retry
 from test_celery_prefork import start, worker_env  # noqa: F401  (fixtures)
 from worker_process import HERE, WorkerProcess
 
@@ -71,14 +71,12 @@ def test_locks_shows_what_a_worker_holds_and_unlock_frees_it(
     )
     assert story.returncode == 0, story.stderr
     lines = story.stdout.splitlines()
-    assert lines[0] == f"key {key}: running, held by {first.id} on {lock['worker']} " + (
-        "(sub.revoke_until_executed)"
-    )
+    assert lines[0] == (
+        f"key {key}: running, held by {first.id} on {lock['worker']} "
+        "(sub.revoke_until_executed); it answered 1 duplicate so far"
+    )  # counted on the lock while it lives (asked before a job id was made: no last id)
     said = [line.split("  ", 2)[-1] for line in lines[1:]]  # newest first, without the time
-    assert said[0].startswith("deduplicated: ") and said[0].endswith(
-        f"was answered with {first.id}"
-    )
-    assert said[1:] == [
+    assert said == [
         f"started: {first.id} runs on {lock['worker']} (attempt 1)",
         f"accepted: {first.id} took the key (sub.revoke_until_executed)",
     ]
@@ -96,6 +94,8 @@ def test_locks_shows_what_a_worker_holds_and_unlock_frees_it(
     after = taskdedup("-A", "celery_worker_app", "explain", key, **app_env)
     assert f"key {key}: free\n" in after.stdout
     assert f"unlocked by an operator (it was {first.id}'s)" in after.stdout
+    # the lock's end writes its duplicates to the history, in one line
+    assert f"deduplicated: a submission was answered with {first.id}" in after.stdout
     fresh = worker_env.revoke_until_executed.delay("cli", 0)
     assert not fresh.deduplicated  # the key is free: a new job takes it
     gone = taskdedup("-A", "celery_worker_app", "show", "no-such-key", **app_env)
@@ -127,11 +127,16 @@ def test_locks_and_stats_from_a_bare_url(redis_url: str, key_prefix: str) -> Non
     live = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", short.key or "")
     assert "accepted: job-3 took the key (ci.brief)" in live.stdout  # told by the lock
     assert dedup.enqueue(brief, ("x",), job_id="job-4").deduplicated
+    counted_live = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", short.key or "")
+    # counted on the lock (two commands per duplicate), told while the lock lives
+    assert "it answered 1 duplicate so far, the last job-4" in counted_live.stdout
     store = dedup.store
+    assert store.run(Retry(short.key or "", "job-3", ttl_ms=1000, grace_ms=500))  # a retry...
     wait_for(lambda: store.run(Inspect(short.key or "")) is None, 5, "the lock's ttl to end")
     lapsed = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", short.key or "")
+    # ...whose publish was never confirmed: the lock lapsed after the last decision
     assert "free: its ttl or lease ran out after the last decision (expired)" in lapsed.stdout
-    assert "deduplicated: the submission job-4 was answered with job-3" in lapsed.stdout
+    assert "retrying: job-3 keeps the key for its retry" in lapsed.stdout
     unused = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", "never-used")
     assert unused.returncode != 0  # no key, no job, no task of that name
     waiting = dedup.enqueue(policy, ("queued",), job_id="job-5")  # not started: found by its lock

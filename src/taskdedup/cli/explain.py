@@ -2,10 +2,11 @@
 
 The key is named by itself, by a job id (found by its job record or in the keys' histories),
 or by a task and its arguments (``explain ci.build sha=abc``), whose key the task's policy
-computes as a submission would. The history is the store's: what a person asks about (a
-duplicate, a wait, a dropped copy, a retry, a hand-off, a lock freed), a bounded list per key
-kept a day after its last entry. The ordinary life of the job holding the key (accepted,
-started) is read from its lock and its job record and told in the same list.
+computes as a submission would. The history is the store's: what a person asks about (the
+duplicates a lock answered, written as it ends; a wait, a dropped copy, a retry, a hand-off, a
+lock freed), a bounded list per key kept a day after its last entry. The ordinary life of the
+job holding the key (accepted, started, the duplicates answered so far) is read from its lock
+and its job record and told in the same list.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from .target import Target
 #: What each kind of entry says, given its job and details.
 SAYS = {
     "accepted": "accepted: {job} took the key {0}",
-    "deduplicated": "deduplicated: the submission {job} was answered with {0}",
     "started": "started: {job} runs on {0} (attempt {1})",
     "waited": "waited: a delivery of {job} found the key held by {0}; sent again later",
     "copy_dropped": "copy dropped: a delivery of {job}, which had finished, did not run",
@@ -74,7 +74,9 @@ def explain(target: Target, key: str, as_json: bool) -> None:
     kept = target.store.run(History(key))
     events = sorted([*kept, *_ordinary(info)], key=lambda e: e.at_ms, reverse=True)
     if as_json:
-        now = None if info is None else {"job_id": info.job_id, "state": info.state}
+        now = None if info is None else {"job_id": info.job_id, "state": info.state,
+                                          "duplicates": info.duplicates,
+                                          "last_duplicate": info.last_duplicate}  # fmt: skip
         entries = [{"at_ms": e.at_ms, "what": e.what, "job_id": e.job_id,
                     "detail": list(e.detail), "says": says(e)} for e in events]  # fmt: skip
         click.echo(json.dumps({"key": key, "now": now, "history": entries}))
@@ -92,20 +94,32 @@ def _ordinary(info: LockInfo | None) -> list[Event]:
     does not keep them: writing them cost every job four commands)."""
     if info is None:
         return []
-    told = []
-    if info.since_ms:
-        told.append(Event(info.since_ms, "accepted", info.job_id, (info.task or "",)))
+    told = []  # newest first, as the history is (so two in the same millisecond keep order)
     if info.worker:
         began = info.started_ms or info.since_ms or 0
         told.append(Event(began, "started", info.job_id, (info.worker, str(info.attempts))))
+    if info.since_ms:
+        told.append(Event(info.since_ms, "accepted", info.job_id, (info.task or "",)))
     return told
 
 
+def _deduplicated(e: Event) -> str:
+    """One line for the duplicates a lock answered: how many, and the last one (its job id, or
+    none when it was asked before a job id was made)."""
+    holder = e.detail[0] if e.detail else "?"
+    count = int(e.detail[1]) if len(e.detail) > 1 and e.detail[1].isdigit() else 1
+    if count == 1:
+        who = "a submission" if e.job_id == "-" else f"the submission {e.job_id}"
+        return f"deduplicated: {who} was answered with {holder}"
+    last = "" if e.job_id == "-" else f" (the last: {e.job_id})"
+    return f"deduplicated: {count} submissions were answered with {holder}{last}"
+
+
 def says(e: Event) -> str:
+    if e.what == "deduplicated":
+        return _deduplicated(e)
     if e.what == "finished":
         template = FINISHED.get(e.detail[0] if e.detail else "", "finished: {job}")
-    elif e.what == "deduplicated" and e.job_id == "-":  # asked before a job id was made
-        template = "deduplicated: a submission was answered with {0}"
     else:
         template = SAYS.get(e.what, e.what + " {job}")
     detail = [*e.detail, "", ""]
@@ -114,10 +128,22 @@ def says(e: Event) -> str:
     return template.format(*detail, job=e.job_id).replace(" ()", "").rstrip()  # (no why)
 
 
+def _answered(info: LockInfo) -> str:
+    """The duplicates the holder answered so far (counted on its lock: the history gets them
+    in one line when the lock ends)."""
+    if not info.duplicates:
+        return ""
+    plural = "" if info.duplicates == 1 else "s"
+    last = info.last_duplicate
+    told = "" if not last or last == "-" else f", the last {last}"
+    return f"; it answered {info.duplicates} duplicate{plural} so far{told}"
+
+
 def _now(store: Store, key: str, info: LockInfo | None, events: list[Event]) -> str:
     if info is not None:
         where = f" on {info.worker}" if info.worker else ""
-        return f"{info.state}, held by {info.job_id}{where} ({info.task or 'task unknown'})"
+        now = f"{info.state}, held by {info.job_id}{where} ({info.task or 'task unknown'})"
+        return now + _answered(info)
     if not events or events[0].what not in HOLDING:
         return "free"
     last = events[0]

@@ -116,6 +116,7 @@ class LockInfo:
     worker: str | None = None  # the holder's worker (host:pid), once it started
     attempts: int = 0  # runs of the holder started so far
     started_ms: int | None = None  # when the holder's latest run began (the store's clock)
+    last_duplicate: str | None = None  # the latest duplicate's job id ('-': none was made)
 
 
 # ---------------------------------------------------------------- operations

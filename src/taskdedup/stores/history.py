@@ -17,6 +17,13 @@ def remember_event(r: Records, key: str, what: str, job_id: str, *detail: object
     r.put(name, {"v": [entry, *entries][:HISTORY_SIZE]}, r.now + HISTORY_MS)
 
 
+def note_duplicates(r: Records, key: str, lock: dict[str, object]) -> None:
+    """The duplicates a holder's lock answered, written once as the lock ends (lib.lua's
+    note_duplicates): how many, and the last one's id ('-' when none was made)."""
+    if lock.get("d"):
+        remember_event(r, key, "deduplicated", str(lock.get("l") or "-"), lock["j"], lock["d"])
+
+
 def remember_claim(r: Records, key: str, job_id: str, reply: ClaimReply) -> ClaimReply:
     """The claim's answer in the key's history (as claim.lua records it): a run is not written
     there (the job's record has it), a delivery that waits or is dropped is."""

@@ -27,7 +27,7 @@ from .base import (
     Retry,
     Scan,
 )
-from .history import remember_claim, remember_event
+from .history import note_duplicates, remember_claim, remember_event
 from .records import Records
 from .slots import renew_slot
 
@@ -43,16 +43,14 @@ def hand_off(r: Records, key: str, lock: dict[str, Any], job: str, ttl: int, gra
     return Handoff(job, payload)
 
 
-def count_duplicate(
-    r: Records, key: str, lock: dict[str, Any], job: str, payload: str | None
-) -> None:
-    """One more duplicate of the lock's holder: counted, the latest payload kept
-    (reschedule_once), the holder's first written to the key's history (lib.lua's twin)."""
+def count_duplicate(lock: dict[str, Any], job: str, payload: str | None) -> None:
+    """One more duplicate of the lock's holder: counted, with the latest one's id and payload
+    (reschedule_once) kept on the lock; the history is written as the lock ends (lib.lua's
+    twin)."""
     lock["d"] += 1
+    lock["l"] = job
     if payload is not None:
         lock["p"] = payload
-    if lock["d"] == 1:
-        remember_event(r, key, "deduplicated", job, lock["j"])
 
 
 def acquire(op: Acquire, r: Records) -> AcquireReply:
@@ -62,7 +60,7 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
         return AcquireReply(True, op.job_id, lock["f"], lock["d"])
     if lock is not None:
         if op.record_duplicate:
-            count_duplicate(r, op.key, lock, op.job_id, op.payload)
+            count_duplicate(lock, op.job_id, op.payload)
         return AcquireReply(
             False, lock["j"], lock["f"], lock["d"], pending=lock["s"] == "q" and lock["c"] == 0
         )
@@ -81,7 +79,7 @@ def peek(op: Peek, r: Records) -> AcquireReply | None:
     if lock["s"] == "q" and lock["c"] == 0:
         return AcquireReply(False, lock["j"], lock["f"], lock["d"], pending=True)
     if op.record_duplicate:
-        count_duplicate(r, op.key, lock, "-", None)  # (no job id was made)
+        count_duplicate(lock, "-", None)  # (no job id was made)
     return AcquireReply(False, lock["j"], lock["f"], lock["d"])
 
 
@@ -142,6 +140,7 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
             lock["s"], lock["c"] = "r", 1  # it was published: it runs
             r.expire(lock_name, r.now + op.lease_ms)
         elif op.lock == "release":
+            note_duplicates(r, op.key, lock)
             if lock["d"] > 0 and op.handoff_job_id:
                 handoff = hand_off(r, op.key, lock, op.handoff_job_id, op.ttl_ms, op.grace_ms)
             else:
@@ -245,6 +244,7 @@ def finish(op: Finish, r: Records) -> FinishReply:
     lock = r.get(lock_name)
     if lock is None or lock["j"] != op.job_id:
         return FinishReply(False)
+    note_duplicates(r, op.key, lock)
     if lock["d"] > 0 and op.handoff_job_id:
         handoff = hand_off(r, op.key, lock, op.handoff_job_id, op.ttl_ms, op.grace_ms)
         remember_event(r, op.key, "finished", op.job_id, "rescheduled", op.handoff_job_id)
@@ -281,6 +281,8 @@ def release(op: Release, r: Records) -> bool:
     unpublished = ours and not kept
     released = _release(op, r)
     if released and not unpublished:
+        if ours and lock is not None:
+            note_duplicates(r, op.key, lock)
         remember_event(r, op.key, "freed", op.job_id, op.why)
     return released
 
@@ -346,6 +348,7 @@ def info(r: Records, key: str) -> LockInfo | None:
         bool(lock["c"]),
         run_job,
         *shown,
+        last_duplicate=lock.get("l"),
     )
 
 
@@ -373,6 +376,8 @@ def force_unlock(op: ForceUnlock, r: Records) -> bool:
         if rec is not None:
             r.delete(name)
             removed.append(rec["j"])
+            if part == "lock":
+                note_duplicates(r, op.key, rec)
     if removed:
         remember_event(r, op.key, "unlocked", removed[0], "operator")
     return bool(removed)

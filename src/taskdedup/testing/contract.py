@@ -126,18 +126,20 @@ def test_a_keys_history_says_what_was_decided_newest_first(h: Harness) -> None:
     written there: the lock and the job's record tell it, and the hot path pays nothing."""
     k = new_key()
     h.store.run(acquire(k, "A", task="ci.build"))
-    h.store.run(acquire(k, "B"))  # the holder's first duplicate is written
-    h.store.run(acquire(k, "B2"))  # later ones are counted in the lock only
+    h.store.run(acquire(k, "B"))  # duplicates are counted on the lock, with the last one's id
+    h.store.run(acquire(k, "B2"))
+    assert h.store.run(History(k)) == []  # (a duplicate writes nothing more)
     h.store.run(Peek(k, record_duplicate=True))  # asked first: no job id made for it
+    h.store.run(acquire(k, "B3"))
     h.store.run(claim(k, "A", "hold", owner="host:1"))
     h.store.run(claim(k, "C", "hold", owner="host:2"))  # a stale copy: the key is A's
-    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))  # the lock ends: one line
     h.store.run(claim(k, "A", "hold", owner="host:3"))  # a copy of the finished job
     seen = [(e.what, e.job_id, e.detail) for e in h.store.run(History(k))]
     assert seen == [
         ("copy_dropped", "A", ()),
+        ("deduplicated", "B3", ("A", "4")),
         ("waited", "C", ("A",)),
-        ("deduplicated", "B", ("A",)),
     ]
     times = [e.at_ms for e in h.store.run(History(k))]
     assert times == sorted(times, reverse=True) and times[-1] > 0

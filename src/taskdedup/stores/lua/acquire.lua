@@ -9,7 +9,7 @@
 -- state 1 = ours, 0 = another job's, p = another job's whose publish is not confirmed yet (it
 -- may still fail and free the key: the caller asks again rather than answer with it).
 -- Cost (counted by tests/test_store_work.py): a new key is HMGET, TIME, HSET, PEXPIRE; a
--- duplicate is HMGET and HSET (its first also writes the key's history and checks the ttl).
+-- duplicate is HMGET and HSET (its second also checks the ttl).
 local n = #ARGV
 local message
 if KEYS[2] then message = ARGV[n]; n = n - 1 end
@@ -35,12 +35,13 @@ if lock[1] == ARGV[1] then
 end
 if lock[1] then
   local dups = lock[3] or '0'
-  local count = tonumber(dups) + 1
-  if ARGV[4] == '1' then dups = count_duplicate(KEYS[1], dups, lock[1], ARGV[1], payload) end
-  -- a lock without a ttl (not one we wrote: every lock we write expires, G9) would hold its
-  -- key for good: it gets this call's ttl. Checked at a holder's first duplicate and every
-  -- 64th (and at each uncounted one: dry runs), so most duplicates stay two commands.
-  if count % 64 == 1 or ARGV[4] ~= '1' then
+  local counted = ARGV[4] == '1'
+  if counted then dups = count_duplicate(KEYS[1], dups, ARGV[1], payload) end
+  -- a lock without a ttl (not one we wrote: every lock we write expires, G9; a restore without
+  -- ttls, a hand edit) would hold its key for good: it gets this call's ttl. Checked at a
+  -- holder's second duplicate and every 64th after (and at each uncounted one: dry runs), so
+  -- a duplicate, the first included, stays two commands.
+  if not counted or tonumber(dups) % 64 == 2 then
     if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
   end
   local state = '0'

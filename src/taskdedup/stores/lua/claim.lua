@@ -55,7 +55,7 @@ if ARGV[6] == '1' then
   local running = redis.call('HGET', KEYS[2], 'j')
   if running and running ~= job then return {'busy', '0', int(attempts - 1), running} end
 end
-local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's')
+local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'l')
 local fence = false
 if ARGV[5] == 'hold' and lock[1] and lock[1] ~= job then
   -- the key is another job's: this copy is stale or was sent without a lock (G12)
@@ -75,6 +75,7 @@ if lock[1] == job then
     redis.call('HSET', KEYS[1], 's', 'r', 'c', '1')  -- it was published: it runs
     redis.call('PEXPIRE', KEYS[1], lease)
   elseif ARGV[5] == 'release' then
+    note_duplicates(KEYS[1], job, lock[3], lock[5])
     if tonumber(lock[3]) > 0 and ARGV[10] ~= '' then
       handoff = ARGV[10]
       payload = hand_off(KEYS[1], handoff, ttl, tonumber(ARGV[11]))

@@ -2,7 +2,7 @@
 -- KEYS: lock, run, job record
 -- ARGV: job, throttle (1/0), memory_ms, handoff job ('' = none), attempt ('' = unknown),
 --       grace_ms, ttl_ms
--- Only a hand-off is written to the key's history: a job that ended is read from its record,
+-- Only a hand-off and the duplicates the lock answered are written to the key's history: a job that ended is read from its record,
 -- and the lock it freed (or keeps throttled) tells the rest.
 local job = ARGV[1]
 local rec = redis.call('HMGET', KEYS[3], 's', 'n', 'l')
@@ -17,8 +17,9 @@ end
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 -- the run lock is looked at only when this run took it (or no record says whether it did)
 if rec[3] ~= '0' then release_if_holder(KEYS[2], job) end
-local lock = redis.call('HMGET', KEYS[1], 'j', 'd', 'e')
+local lock = redis.call('HMGET', KEYS[1], 'j', 'd', 'e', 'l')
 if lock[1] ~= job then return {'kept', '', false} end
+note_duplicates(KEYS[1], job, lock[2], lock[4])
 if tonumber(lock[2] or '0') > 0 and ARGV[4] ~= '' then
   local payload = hand_off(KEYS[1], ARGV[4], tonumber(ARGV[7]), tonumber(ARGV[6]))
   remember_event(KEYS[1], 'finished', job, 'rescheduled', ARGV[4])

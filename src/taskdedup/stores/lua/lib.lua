@@ -31,8 +31,9 @@ end
 local function remember_event(lock_key, ...)
   if not HISTORY then return end
   local log_key = string.sub(lock_key, 1, #lock_key - 4) .. 'log'
-  redis.call('LPUSH', log_key, table.concat({int(now_ms()), ...}, ' '))
-  redis.call('LTRIM', log_key, 0, 19)
+  if redis.call('LPUSH', log_key, table.concat({int(now_ms()), ...}, ' ')) > 20 then
+    redis.call('LTRIM', log_key, 0, 19)  -- (only once it is longer: a command saved)
+  end
   redis.call('PEXPIRE', log_key, 86400000)
 end
 
@@ -64,18 +65,28 @@ local function hand_off(lock_key, job, ttl_ms, grace_ms)
   return old[1]
 end
 
--- One more duplicate of the holder of ``lock_key`` (its count ``dups`` so far): counted, the
--- latest payload kept (reschedule_once), and the holder's first written to the key's history
--- (``job``: the duplicate's id, '-' when none was made). Returns the new count.
-local function count_duplicate(lock_key, dups, holder, job, payload)
+-- One more duplicate of the holder of ``lock_key`` (its count ``dups`` so far): counted on the
+-- lock with the latest duplicate's id ('l': ``job``, '-' when none was made) and payload
+-- (reschedule_once). That is all a duplicate writes: the key's history gets one line for all
+-- of a holder's duplicates when its lock ends (note_duplicates), not one per holder at its
+-- first duplicate (that was four more commands on the duplicate a double click makes).
+local function count_duplicate(lock_key, dups, job, payload)
   local count = tostring(tonumber(dups) + 1)
   if payload then
-    redis.call('HSET', lock_key, 'd', count, 'p', payload)
+    redis.call('HSET', lock_key, 'd', count, 'l', job, 'p', payload)
   else
-    redis.call('HSET', lock_key, 'd', count)
+    redis.call('HSET', lock_key, 'd', count, 'l', job)
   end
-  if count == '1' then remember_event(lock_key, 'deduplicated', job, holder) end
   return count
+end
+
+-- The duplicates a holder's lock answered, written once to the key's history as the lock ends
+-- (freed at the start of its run, at its end, by a release or an operator, or handed on):
+-- "<ms> deduplicated <last duplicate> <holder> <count>". Nothing when it answered none.
+local function note_duplicates(lock_key, holder, dups, last)
+  if dups and dups ~= '0' then
+    remember_event(lock_key, 'deduplicated', last or '-', holder, dups)
+  end
 end
 
 local function release_if_holder(key, job)

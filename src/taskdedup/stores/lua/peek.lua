@@ -8,6 +8,6 @@ if not lock[1] then return false end
 local dups = lock[3] or '0'
 if lock[4] == '0' and lock[5] == 'q' then return 'p ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1] end
 if ARGV[1] == '1' then  -- (no job id was made for it)
-  dups = count_duplicate(KEYS[1], dups, lock[1], '-', nil)
+  dups = count_duplicate(KEYS[1], dups, '-', nil)
 end
 return '0 ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]

@@ -215,3 +215,24 @@ def revoke_survivor(name: str, seconds: float) -> str:
         marks.expire(f"{PREFIX}:mark:ticks:{name}", 600)
         time.sleep(0.5)
     return name
+
+
+@deduplicate("debounce", delay=1, max_wait=3, lease=5, keys=["name"])
+@app.task(name="sub.debounced_job", shared=False)
+def debounced_job(name: str, n: int, seconds: float = 0.0) -> int:
+    """Notes each run (its n, when it began, how many runs of the name were going on then)."""
+    return _noted_run(name, n, seconds)
+
+
+def _noted_run(name: str, n: int, seconds: float) -> int:
+    import json
+
+    began = time.time()
+    active = marks.incr(f"{PREFIX}:mark:active:{name}")
+    try:
+        marks.rpush(f"{PREFIX}:mark:runs:{name}", json.dumps([n, began, active]))
+        marks.expire(f"{PREFIX}:mark:runs:{name}", 600)
+        time.sleep(seconds)
+    finally:
+        marks.decr(f"{PREFIX}:mark:active:{name}")
+    return n

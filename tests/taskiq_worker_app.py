@@ -161,3 +161,22 @@ async def fenced(name: str, seconds: float, context: Context = CONTEXT) -> str:
     await asyncio.sleep(float(override) if override is not None else seconds)
     record_run(name, job_id, fence, "end")
     return job_id
+
+
+@broker.task(
+    task_name="sub.debounced",
+    deduplicate={"strategy": "debounce", "delay": 1, "max_wait": 3, "lease": 5, "keys": ["name"]},
+)
+async def debounced(name: str, n: int, seconds: float = 0.0) -> int:
+    """Notes each run (its n, when it began, how many runs of the name were going on then)."""
+    import json
+
+    began = time.time()
+    active = int(marks.incr(f"{PREFIX}:mark:active:{name}"))
+    try:
+        marks.rpush(f"{PREFIX}:mark:runs:{name}", json.dumps([n, began, active]))
+        marks.expire(f"{PREFIX}:mark:runs:{name}", 600)
+        await asyncio.sleep(seconds)
+    finally:
+        marks.decr(f"{PREFIX}:mark:active:{name}")
+    return n

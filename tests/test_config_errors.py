@@ -416,3 +416,45 @@ def test_beat_logs_a_run_skipped_for_a_running_one_once_and_counts_it(
         assert errors == [] and len(infos) == 1
         assert integ.dedup.stats["beat.skipped"] == 5
         release.set()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"delay": 0}, "delay must be > 0 seconds"),
+        ({"delay": float("nan")}, "delay must be a finite number of seconds"),
+        ({"delay": 5, "max_wait": 2}, "max_wait (2s) must be >= delay (5s)"),
+        ({"delay": 5, "max_wait": -1}, "max_wait must be > 0 seconds"),
+        ({"delay": 5, "max_wait": 7200, "ttl": 3600}, "must be shorter than ttl (3600s)"),
+        ({}, "debounce needs delay=<seconds>"),
+        ({"delay": 5, "on_conflict": "raise"}, "on_conflict='raise' does not apply"),
+    ],
+)
+def test_a_bad_debounce_option_fails_where_the_task_is_defined_naming_task_and_option(
+    options: dict[str, Any], says: str
+) -> None:
+    app = memory_app()
+    with pytest.raises(ConfigError) as caught:
+
+        @deduplicate("debounce", **options)
+        @app.task(name="search.reindex", shared=False)
+        def reindex(doc_id: int) -> None: ...
+
+    assert "task 'search.reindex'" in str(caught.value) and says in str(caught.value)
+    broker = InMemoryBroker()
+    broker.add_middlewares(DedupMiddleware("memory://"))
+    with pytest.raises(ConfigError) as label_form:  # the same checks on a taskiq label
+
+        @broker.task(task_name="search.reindex", deduplicate={"strategy": "debounce", **options})
+        async def areindex(doc_id: int) -> None: ...
+
+    assert "search.reindex" in str(label_form.value) and says in str(label_form.value)
+
+
+def test_delay_on_another_strategy_is_refused() -> None:
+    app = memory_app()
+    with pytest.raises(ConfigError, match="delay applies to the debounce strategy only"):
+
+        @deduplicate("until_executed", delay=5)
+        @app.task(name="search.reindex", shared=False)
+        def reindex(doc_id: int) -> None: ...

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 from . import keys as _keys
 from .errors import ConfigError, KeyEncodingError
@@ -22,6 +22,7 @@ Strategy = Literal[
     "until_expired",
     "while_executing",
     "until_and_while_executing",
+    "debounce",
 ]
 OnConflict = Literal["drop", "raise", "reschedule_once"]
 
@@ -33,12 +34,12 @@ DEFAULT_LEASE = 30.0
 
 #: Strategies that take a lock when the job is enqueued.
 ENQUEUE_LOCKING = frozenset(
-    {"until_executing", "until_executed", "until_expired", "until_and_while_executing"}
+    {"until_executing", "until_executed", "until_expired", "until_and_while_executing", "debounce"}
 )
 #: Strategies whose enqueue lock is kept while the job runs (renewed by a lease).
 HOLD_WHILE_RUNNING = frozenset({"until_executed", "until_expired"})
 #: Strategies that take a run lock so two jobs of one key never run at once.
-RUN_LOCKING = frozenset({"while_executing", "until_and_while_executing"})
+RUN_LOCKING = frozenset({"while_executing", "until_and_while_executing", "debounce"})
 
 Seconds = float | int | timedelta
 
@@ -85,6 +86,9 @@ class Policy:
     including_scheduled: also deduplicate jobs sent with an ETA or countdown.
     per_queue: jobs of one task on different queues do not deduplicate each other.
     max_attempts: how many times a job whose worker died may be taken over (None: no limit).
+    delay: (debounce) seconds of quiet after the last submission of a key before its one run.
+    max_wait: (debounce) seconds at most from a burst's first submission to its run, however
+        busy the key stays (None: the ttl bounds it).
     """
 
     strategy: Strategy = "until_executing"
@@ -96,6 +100,8 @@ class Policy:
     including_scheduled: bool = False
     per_queue: bool = False
     max_attempts: int | None = None
+    delay: Seconds | None = None
+    max_wait: Seconds | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -126,6 +132,7 @@ class Policy:
                 "while_executing never drops a duplicate (it waits its turn), so on_conflict "
                 "does not apply; leave it at 'drop' or use until_and_while_executing"
             )
+        self._check_debounce()
         if self.max_attempts is not None and (
             isinstance(self.max_attempts, bool)
             or not isinstance(self.max_attempts, int)
@@ -134,6 +141,54 @@ class Policy:
             raise ConfigError(
                 f"max_attempts must be None or an int >= 1, not {self.max_attempts!r}"
             )
+
+    def _check_debounce(self) -> None:
+        """debounce needs a ``delay``; ``delay`` and ``max_wait`` mean nothing elsewhere. The
+        run must come before the lock's ttl ends: ``delay <= max_wait < ttl``."""
+        if self.strategy != "debounce":
+            for name in ("delay", "max_wait"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(
+                        f"{name} applies to the debounce strategy only (this policy is "
+                        f"{self.strategy}); remove it or use strategy='debounce'"
+                    )
+            return
+        if self.delay is None:
+            raise ConfigError(
+                "debounce needs delay=<seconds>: how long a key must stay quiet before its run"
+            )
+        delay = seconds(self.delay, name="delay")
+        object.__setattr__(self, "delay", delay)
+        wait = seconds(self.max_wait, name="max_wait", allow_none=True)
+        object.__setattr__(self, "max_wait", wait)
+        assert delay is not None
+        if wait is not None and wait < delay:
+            raise ConfigError(
+                f"max_wait ({wait:g}s) must be >= delay ({delay:g}s): the run comes at most "
+                "max_wait after a burst's first submission, and at least delay after its last"
+            )
+        limit = self.ttl_seconds
+        if (wait if wait is not None else delay) >= limit:
+            raise ConfigError(
+                f"debounce: {'max_wait' if wait is not None else 'delay'} "
+                f"({wait if wait is not None else delay:g}s) must be shorter than ttl "
+                f"({limit:g}s), which the key's lock lives at most; raise ttl"
+            )
+        if self.on_conflict != "drop":
+            raise ConfigError(
+                f"debounce answers every submission of a burst with the one run it makes, so "
+                f"on_conflict={self.on_conflict!r} does not apply; leave it at 'drop'"
+            )
+
+    @property
+    def debounce_ms(self) -> tuple[int, int]:
+        """(delay, max_wait) in ms for debounce, max_wait defaulting to ttl - delay; (0, 0)
+        for the other strategies."""
+        if self.strategy != "debounce" or self.delay is None:
+            return 0, 0
+        delay = float(self.delay)  # type: ignore[arg-type]
+        wait = self.max_wait if self.max_wait is not None else self.ttl_seconds - delay
+        return round(delay * 1000), round(float(wait) * 1000)  # type: ignore[arg-type]
 
     @property
     def ttl_seconds(self) -> float:
@@ -178,6 +233,22 @@ class Policy:
         return TaskPolicy(task=task, fn=fn, policy=self)
 
 
+class PolicyOptions(TypedDict, total=False):
+    """The options of both adapters' ``@deduplicate(strategy, **options)``: Policy's fields
+    other than the strategy, each None (or left out) for the default."""
+
+    ttl: Seconds | None
+    lease: Seconds | None
+    keys: Sequence[str] | None
+    key: Callable[..., Any] | str | None
+    on_conflict: OnConflict | None
+    including_scheduled: bool | None
+    per_queue: bool | None
+    max_attempts: int | None
+    delay: Seconds | None
+    max_wait: Seconds | None
+
+
 def given_options(parameters: dict[str, Any]) -> dict[str, Any]:
     """The policy options a decorator was given (``locals()`` at its top; None = left out),
     validated now, so a bad one fails where the task is defined."""
@@ -196,9 +267,11 @@ class TaskPolicy:
 
     @property
     def keeps_arguments(self) -> bool:
-        """Whether a duplicate's arguments are kept for the run it owes (reschedule_once):
-        only then does a caller serialize them."""
-        return self.policy.on_conflict == "reschedule_once"
+        """Whether a duplicate's arguments are kept: for the run it owes (reschedule_once), or
+        as the burst's latest (debounce, whose run takes them); only then does a caller
+        serialize them."""
+        p = self.policy
+        return p.on_conflict == "reschedule_once" or p.strategy == "debounce"
 
     def key_for(
         self,

@@ -148,10 +148,11 @@ def lately_key(
 ) -> str | None:
     """The key of a plain call that may ask first (:func:`held_lately`); None for a call
     that always takes the full path: under a cap, per queue, whose duplicates keep their
-    arguments (reschedule_once), or whose arguments do not encode (the full path reports it).
-    The adapter hands the key on to the enqueue, so a call's arguments are bound once."""
+    arguments (reschedule_once, debounce), or whose arguments do not encode (the full path
+    reports it). The adapter hands the key on to the enqueue, so a call's arguments are bound
+    once."""
     p = policy.policy
-    if capped or p.per_queue or p.on_conflict == "reschedule_once":
+    if capped or p.per_queue or policy.keeps_arguments:
         return None
     try:
         return policy.key_for(args, kwargs)

@@ -11,16 +11,19 @@ app). Both are read when the task is published or run; the decorator's wins.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from celery.local import Proxy
 
 from ..declare import bind_limits, bind_policy, decorator_options, kept
 from ..errors import ConfigError
-from ..policy import OnConflict, Seconds, Strategy, TaskPolicy
+from ..policy import PolicyOptions, Seconds, Strategy, TaskPolicy
 from ..reservations import DEFAULT_TTL, ReservePolicy
 from ..settings import Settings
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # (typing's from Python 3.11)
 
 T = TypeVar("T")
 _BOUND = "_taskdedup_bound"
@@ -31,16 +34,7 @@ RESERVE_ATTR = "_taskdedup_reserve"
 
 
 def deduplicate(
-    strategy: Strategy | None = None,
-    *,
-    ttl: Seconds | None = None,
-    lease: Seconds | None = None,
-    keys: Sequence[str] | None = None,
-    key: Callable[..., Any] | str | None = None,
-    on_conflict: OnConflict | None = None,
-    including_scheduled: bool | None = None,
-    per_queue: bool | None = None,
-    max_attempts: int | None = None,
+    strategy: Strategy | None = None, **options: Unpack[PolicyOptions]
 ) -> Callable[[T], T]:
     """Deduplicate a Celery task: stack it on ``@app.task`` or ``@shared_task`` (either
     side), or put it on a Task class.
@@ -48,7 +42,7 @@ def deduplicate(
     Options left out take the app's defaults (``taskdedup_default_strategy`` and friends).
     A bad option raises ConfigError here, when the task is defined.
     """
-    given = dict(locals())
+    given = {"strategy": strategy, **options}
     return _decorator("deduplicate", FUNCTION_ATTR, lambda: decorator_options(given))
 
 

@@ -85,6 +85,8 @@ class Worker:
             raise Ignore()
         slot = started
         admission = self._claim(task, d, slot)
+        if admission is not None and admission.arguments is not None:
+            args, kwargs = load_call(admission.arguments)  # debounce: the burst's latest
         heartbeat = integ.heartbeat()
         leases = [admission.lease] if admission is not None and admission.lease else []
         if slot is not None:

@@ -18,7 +18,7 @@ FULL_DELAY = 2.0
 #: The longest wait between two tries of a delivery the store could not claim (G14).
 STORE_RETRY_MAX = 30.0
 AdmissionOutcome = Literal[
-    "run", "running", "done", "busy", "exhausted", "store_unavailable", "skipped"
+    "run", "running", "done", "busy", "exhausted", "store_unavailable", "skipped", "early"
 ]
 
 
@@ -66,11 +66,15 @@ class Admission:
     #: sent again carries it among its lost claims, so a record that claim may have written is
     #: not taken for a run of the job elsewhere
     claim_nonce: str = ""
+    #: debounce: the burst's latest arguments (a later submission's, serialized as the
+    #: adapter serialized them): the run takes these rather than its message's
+    arguments: str | None = None
 
     @property
     def should_run(self) -> bool:
         """Run the body now. Otherwise the delivery is sent again after ``retry_after``
-        (busy, its holder running, the store down) or, when that is None, dropped."""
+        (busy, its holder running, the store down, a debounced run not due yet) or, when that
+        is None, dropped."""
         return self.outcome in ("run", "skipped") or self.dry_run
 
 

@@ -20,6 +20,7 @@ CLAIM_MODES: dict[str, tuple[LockMode, bool]] = {
     "until_expired": ("hold", False),
     "while_executing": ("none", True),
     "until_and_while_executing": ("release", True),
+    "debounce": ("release", True),  # a new burst may start while the run runs, never beside it
 }
 
 
@@ -75,10 +76,14 @@ def plan_claim(
         outcome: str = reply.outcome if reply.outcome == "run" or not dry else "would_skip"
         if outcome == "run" and attempt is not None and reply.attempts > attempt + 1:
             outcome = "recovered"  # an earlier run of this attempt ended without a word
-        level = logging.DEBUG if outcome == "run" else logging.INFO
+        level = logging.DEBUG if outcome in ("run", "early") else logging.INFO
         note("claim", outcome, level, task, key=key, job=job_id, holder=reply.holder)
         lease = Lease(key, job_id, lease_ms, task=task) if reply.outcome == "run" else None
-        retry_after = {"busy": BUSY_DELAY, "running": p.lease_seconds + 1}.get(reply.outcome)
+        retry_after = {
+            "busy": BUSY_DELAY,
+            "running": p.lease_seconds + 1,
+            "early": reply.wait_ms / 1000,  # debounce: when the run is due
+        }.get(reply.outcome)
         return Admission(
             reply.outcome,
             job_id,
@@ -90,6 +95,7 @@ def plan_claim(
             lease,
             dry_run=dry,
             retry_after=retry_after,
+            arguments=reply.arguments,
         )
 
     def failed(exc: StoreUnavailable) -> Admission:

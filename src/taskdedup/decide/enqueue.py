@@ -51,12 +51,13 @@ def plan_enqueue(
         ttl = min(ttl, ms(max(expires_in, 0.0) + settings.grace))
     grace = min(ms(settings.grace), ttl)
     dry = settings.dry_run
-    if p.on_conflict != "reschedule_once":
+    if not tp.keeps_arguments:
         payload = None
     limit = settings.reschedule_payload_limit
     if payload is not None and limit and len(payload.encode()) > limit:
         raise PayloadTooLarge(task, len(payload.encode()), limit)
-    op = Acquire(key, job_id, ttl, grace, record_duplicate=not dry, payload=payload, task=task)
+    debounce_ms, wait_ms = p.debounce_ms
+    op = Acquire(key, job_id, ttl, grace, not dry, payload, task, debounce_ms, wait_ms)
 
     def done(reply: AcquireReply) -> Ticket:
         if reply.acquired:

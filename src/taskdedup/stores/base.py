@@ -11,12 +11,11 @@ time for :class:`~taskdedup.stores.redis.RedisStore`), never the caller's.
 Records of one dedup key ``K`` (names are the store's business; these are Redis's):
 
 - ``lock``  the enqueue lock: holder job id, state (queued / running / throttled), fencing
-  token, duplicate count and the latest duplicate's payload (for reschedule_once).
+  token, duplicate count and the latest duplicate's payload (for reschedule_once, and for
+  debounce, whose lock also holds when its run is due and the burst's cap on that).
 - ``run``   the run lock of while_executing strategies: which job runs now.
 - ``job:<id>`` one job's execution record, for the redelivery guard (G7): running under a
   lease, waiting for a retry, or done.
-- ``fence`` the counter behind the fencing tokens (seeded from the clock, so tokens keep
-  increasing even after it expires).
 
 An idempotency key is kept as the ``lock`` of the key ``idem:<digest>``: its holder is the
 original job, and it carries the fingerprint of the first submission. A reservation scope is
@@ -34,7 +33,8 @@ R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 LockMode = Literal["release", "hold", "none"]
-ClaimOutcome = Literal["run", "running", "done", "busy", "exhausted"]
+#: early: a debounced job whose run is not due yet (a later submission moved it)
+ClaimOutcome = Literal["run", "running", "done", "busy", "exhausted", "early"]
 LockState = Literal["queued", "running", "throttled"]
 JobStatus = Literal["running", "queued", "finished", "none"]
 
@@ -72,6 +72,8 @@ class ClaimReply:
     attempts: int
     holder: str  # run: our owner; running: the live copy's owner; busy: the job whose key it is
     handoff: Handoff | None = None
+    arguments: str | None = None  # run (debounce): the burst's latest arguments, to run with
+    wait_ms: int = 0  # early: how long until the run is due
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -137,6 +139,10 @@ class Acquire(Op[AcquireReply]):
     record_duplicate: bool = True
     payload: str | None = None
     task: str = ""  # kept in the lock for the tools (``taskdedup locks``)
+    #: debounce: the run is due this long after the latest submission, and at most
+    #: ``wait_ms`` after the first (0: not debounced)
+    debounce_ms: int = 0
+    wait_ms: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

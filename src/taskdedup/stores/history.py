@@ -27,7 +27,7 @@ def note_duplicates(r: Records, key: str, lock: dict[str, object]) -> None:
 def remember_claim(r: Records, key: str, job_id: str, reply: ClaimReply) -> ClaimReply:
     """The claim's answer in the key's history (as claim.lua records it): a run is not written
     there (the job's record has it), a delivery that waits or is dropped is."""
-    if reply.outcome == "run":
+    if reply.outcome in ("run", "early"):  # ordinary: the lock and job record tell them
         return reply
     if reply.outcome == "done":
         remember_event(r, key, "copy_dropped", job_id)

@@ -154,6 +154,7 @@ class ScriptCalls:
             "acquire",
             self.names(op.key, "lock"),
             [op.job_id, op.ttl_ms, op.grace_ms, 1 if op.record_duplicate else 0, op.task]
+            + [op.debounce_ms, op.wait_ms]
             + ([] if op.payload is None else [op.payload]),
             parse_acquire,
         )
@@ -342,7 +343,11 @@ def parse_claim(r: Sequence[Any]) -> ClaimReply:
     if len(r) > 4 and r[4]:
         handoff = Handoff(as_text(r[4]), None if len(r) < 6 or r[5] is None else as_text(r[5]))
     outcome = cast(Any, as_text(r[0]))
-    return ClaimReply(outcome, int(r[1] or 0), int(r[2] or 0), as_text(r[3] or ""), handoff)
+    arguments = as_text(r[6]) if len(r) > 6 and r[6] else None
+    wait_ms = int(r[7]) if len(r) > 7 and r[7] else 0
+    return ClaimReply(
+        outcome, int(r[1] or 0), int(r[2] or 0), as_text(r[3] or ""), handoff, arguments, wait_ms
+    )
 
 
 def parse_finish(r: Sequence[Any]) -> FinishReply:

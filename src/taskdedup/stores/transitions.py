@@ -43,14 +43,18 @@ def hand_off(r: Records, key: str, lock: dict[str, Any], job: str, ttl: int, gra
     return Handoff(job, payload)
 
 
-def count_duplicate(lock: dict[str, Any], job: str, payload: str | None) -> None:
+def count_duplicate(
+    lock: dict[str, Any], job: str, payload: str | None, due: int | None = None
+) -> None:
     """One more duplicate of the lock's holder: counted, with the latest one's id and payload
-    (reschedule_once) kept on the lock; the history is written as the lock ends (lib.lua's
-    twin)."""
+    (reschedule_once, debounce) and when a debounced run is now due kept on the lock; the
+    history is written as the lock ends (lib.lua's twin)."""
     lock["d"] += 1
     lock["l"] = job
     if payload is not None:
         lock["p"] = payload
+    if due is not None:
+        lock["u"] = due
 
 
 def acquire(op: Acquire, r: Records) -> AcquireReply:
@@ -59,8 +63,11 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
     if lock is not None and lock["j"] == op.job_id:  # the holder again: no change
         return AcquireReply(True, op.job_id, lock["f"], lock["d"])
     if lock is not None:
+        due = None  # debounce: the burst's run moves to delay after this submission
+        if op.debounce_ms and lock["s"] == "q" and "w" in lock:
+            due = min(r.now + op.debounce_ms, lock["w"])
         if op.record_duplicate:
-            count_duplicate(lock, op.job_id, op.payload)
+            count_duplicate(lock, op.job_id, op.payload, due)
         return AcquireReply(
             False, lock["j"], lock["f"], lock["d"], pending=lock["s"] == "q" and lock["c"] == 0
         )
@@ -68,6 +75,8 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
     confirmed = 1 if op.grace_ms >= op.ttl_ms else 0
     fields = {"j": op.job_id, "s": "q", "f": fence, "d": 0, "e": r.now + op.ttl_ms}
     fields.update(c=confirmed, t=op.task, a=r.now)  # 't', 'a': for the tools
+    if op.debounce_ms:  # 'u': when the run is due; 'w': the latest it may be moved to
+        fields.update(u=r.now + op.debounce_ms, w=r.now + op.wait_ms)
     r.put(name, fields, r.now + min(op.grace_ms, op.ttl_ms))
     return AcquireReply(True, op.job_id, fence, 0)
 
@@ -117,15 +126,20 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
                 r.expire(job_name, r.now + op.memory_ms)
                 release_locks(r, op.key, op.job_id)
                 return ClaimReply("exhausted", rec["f"], rec["a"], rec["o"])
+    lock_name = r.name(op.key, "lock")
+    lock = r.get(lock_name)
+    if lock is not None and lock["j"] == op.job_id and "u" in lock and lock["s"] == "q":
+        wait = lock["u"] - r.now  # debounce: a later submission moved the run
+        if wait > 0:
+            return ClaimReply("early", 0, attempts - 1, op.job_id, wait_ms=wait)
     run_name = r.name(op.key, "run")
     if op.run_lock:
         running = r.get(run_name)
         if running is not None and running["j"] != op.job_id:
             return ClaimReply("busy", 0, attempts - 1, running["j"])
-    lock_name = r.name(op.key, "lock")
-    lock = r.get(lock_name)
     fence: int | None = None
     handoff: Handoff | None = None
+    latest = lock.get("p") if lock is not None and lock["j"] == op.job_id and "u" in lock else None
     if op.lock == "hold" and lock is not None and lock["j"] != op.job_id:
         # another job's key: this copy is stale or was sent without a lock (G12)
         if lock["s"] == "r":  # that job runs: wait for it to end
@@ -170,7 +184,7 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
         },
         r.now + op.lease_ms + op.memory_ms,
     )
-    return ClaimReply("run", fence, attempts, op.owner, handoff)
+    return ClaimReply("run", fence, attempts, op.owner, handoff, arguments=latest)
 
 
 def heartbeat(op: Heartbeat, r: Records) -> tuple[bool, ...]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from taskiq.decor import AsyncTaskiqDecoratedTask
 from taskiq.labels import LabelType, parse_label
@@ -23,11 +23,14 @@ from taskiq_dependencies.dependency import Dependency
 from ..decide import envelope
 from ..declare import bind_limits, bind_policy, decorator_options, kept
 from ..errors import ConfigError
-from ..policy import STRATEGIES, OnConflict, Policy, Seconds, Strategy, TaskPolicy
+from ..policy import STRATEGIES, Policy, PolicyOptions, Seconds, Strategy, TaskPolicy
 from ..reservations import DEFAULT_TTL as DEFAULT_RESERVE_TTL
 from ..reservations import ReservePolicy
 from ..settings import Settings
 from ..suggest import did_you_mean
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # (typing's from Python 3.11)
 
 T = TypeVar("T")
 
@@ -83,32 +86,23 @@ def set_label(message: TaskiqMessage, name: str, value: str | int, *, parsed: bo
 
 
 def deduplicate(
-    strategy: Strategy | None = None,
-    *,
-    ttl: Seconds | None = None,
-    lease: Seconds | None = None,
-    keys: Sequence[str] | None = None,
-    key: Callable[..., Any] | str | None = None,
-    on_conflict: OnConflict | None = None,
-    including_scheduled: bool | None = None,
-    per_queue: bool | None = None,
-    max_attempts: int | None = None,
+    strategy: Strategy | None = None, **options: Unpack[PolicyOptions]
 ) -> Callable[[T], T]:
     """Deduplicate a taskiq task: stack it on ``@broker.task`` (either side).
 
     Options left out take the middleware's defaults (``default_strategy`` and friends). A bad
     option, or a ``keys=`` name the function does not take, raises ConfigError here.
     """
-    options = decorator_options(dict(locals()))
+    checked = decorator_options({"strategy": strategy, **options})
 
     def apply(target: T) -> T:
         if isinstance(target, AsyncTaskiqDecoratedTask):
-            target.labels[LABEL] = options
+            target.labels[LABEL] = checked
             Policies(Settings()).check(target)
         else:
-            setattr(target, FUNCTION_ATTR, options)
+            setattr(target, FUNCTION_ATTR, checked)
             name = getattr(target, "__name__", "?")
-            Settings().policy(options).bind(name, call_shape(cast(Any, target)))
+            Settings().policy(checked).bind(name, call_shape(cast(Any, target)))
         return target
 
     return apply

@@ -46,7 +46,7 @@ from .options import (
     task_limits,
 )
 from .resend import Resender
-from .sends import queue_of
+from .sends import load_call, queue_of
 from .state import DedupState
 
 T = TypeVar("T")
@@ -178,6 +178,8 @@ class Worker:
             if verdict.action == "resend":
                 await self.resender.later(message, verdict.delay, verdict.waits)
             return message
+        if admission is not None and admission.arguments is not None:  # debounce: the
+            message.args, message.kwargs = load_call(mw.broker, admission.arguments)  # latest
         if admission is not None and admission.key is not None:
             set_label(message, KEY_LABEL, admission.key, parsed=True)
             set_label(message, FENCE_LABEL, admission.fence, parsed=True)

@@ -538,6 +538,67 @@ def test_until_and_while_executing_frees_enqueue_but_not_running(h: Harness) -> 
     assert h.store.run(claim(k, "B", "release", run_lock=True)).outcome == "run"
 
 
+def debounced(key: str, job: str, delay_ms: int, wait_ms: int, **kw: object) -> Acquire:
+    """An enqueue of a debounced key: its run is due ``delay_ms`` after the latest submission,
+    at most ``wait_ms`` after the burst's first."""
+    return acquire(key, job, debounce_ms=delay_ms, wait_ms=wait_ms, **kw)  # type: ignore[arg-type]
+
+
+def started(h: Harness, op: Claim, outcome: str = "run") -> ClaimReply | None:
+    """The claim's reply once it is ``outcome``; None while the run is not due (early)."""
+    reply = h.store.run(op)
+    assert reply.outcome in (outcome, "early"), reply
+    return reply if reply.outcome == outcome else None
+
+
+def test_a_debounced_burst_runs_once_when_quiet_with_its_latest_arguments(h: Harness) -> None:
+    """Every submission of a burst is answered with its first job; that job's delivery comes
+    back while a later submission keeps moving the run (early), then runs once, with the
+    latest arguments, and a submission after its start begins the next burst."""
+    k = new_key()
+    assert h.store.run(debounced(k, "A", 300, 30_000)).acquired
+    for n in range(3):
+        dup = h.store.run(debounced(k, f"B{n}", 300, 30_000, payload=f"args-{n}"))
+        assert not dup.acquired and dup.holder == "A"
+    early = h.store.run(claim(k, "A", "release", run_lock=True))
+    assert early.outcome == "early" and 0 < early.wait_ms <= 300
+    assert h.store.run(JobState(k, "A")) == "none"  # nothing written: it did not start
+    ran = h.after(0.3, lambda: started(h, claim(k, "A", "release", run_lock=True)))
+    assert ran.arguments == "args-2"
+    nxt = h.store.run(debounced(k, "C", 300, 30_000))  # while A runs: the next burst
+    assert nxt.acquired
+    busy = h.after(0.3, lambda: started(h, claim(k, "C", "release", run_lock=True), "busy"))
+    assert busy.holder == "A"  # never beside the run
+    h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
+    again = h.store.run(claim(k, "C", "release", run_lock=True))
+    assert again.outcome == "run" and again.arguments is None  # its own, nobody moved it
+    assert h.store.run(claim(k, "A", "release", run_lock=True)).outcome == "done"
+
+
+def test_a_debounced_key_that_never_goes_quiet_runs_by_its_max_wait(h: Harness) -> None:
+    k = new_key()
+    h.store.run(debounced(k, "A", 400, 500))
+    h.hold_for(0.2)
+    h.store.run(debounced(k, "B", 400, 500, payload="b"))  # due: min(now + 400, first + 500)
+    early = h.store.run(claim(k, "A", "release", run_lock=True))
+    assert early.outcome == "early" and early.wait_ms <= 300  # capped, not moved to +400
+    h.hold_for(0.25)
+    h.store.run(debounced(k, "C", 400, 500, payload="c"))
+    ran = h.after(0.06, lambda: started(h, claim(k, "A", "release", run_lock=True)))
+    assert ran.arguments == "c"
+
+
+def test_a_debounced_holder_not_yet_confirmed_is_not_an_answer(h: Harness) -> None:
+    """G11 holds for debounce too: a burst's first job whose publish is not confirmed is
+    answered as pending, so a later submission is not folded into a job that may never be."""
+    k = new_key()
+    h.store.run(debounced(k, "A", 300, 30_000, grace_ms=60_000))
+    assert h.store.run(debounced(k, "B", 300, 30_000, payload="b")).pending
+    h.store.run(Confirm(((k, "A"),)))
+    dup = h.store.run(debounced(k, "B", 300, 30_000, payload="b"))
+    assert not dup.pending and dup.holder == "A"
+
+
 def test_run_lock_is_freed_after_its_lease_when_the_worker_dies(h: Harness) -> None:
     k = new_key()
     h.store.run(claim(k, "A", "none", run_lock=True, lease_ms=300))

@@ -1,7 +1,10 @@
 -- (none) -> QUEUED(job); QUEUED -> QUEUED with dups+1 and the latest payload kept.
 -- The holder acquiring again (a hand-off being published) changes nothing.
--- KEYS: lock [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), task
---   [, payload (reschedule_once: the latest duplicate's arguments)] [, message (with a list)]
+-- KEYS: lock [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), task,
+--   debounce_ms, wait_ms (debounce: the run is due debounce_ms after the latest submission,
+--   at most wait_ms after the first; 0 0 otherwise)
+--   [, payload (reschedule_once, debounce: the latest duplicate's arguments)]
+--   [, message (with a list)]
 -- With a list (the broker's queue, on this same server) the job's message is pushed there when
 -- the lock is ours, in the same atomic step: lock and message appear together or not at all.
 -- The push is the first write, so if it fails (a key of the wrong type) nothing is written.
@@ -9,13 +12,14 @@
 -- state 1 = ours, 0 = another job's, p = another job's whose publish is not confirmed yet (it
 -- may still fail and free the key: the caller asks again rather than answer with it).
 -- Cost (counted by tests/test_store_work.py): a new key is HMGET, TIME, HSET, PEXPIRE; a
--- duplicate is HMGET and HSET (its second also checks the ttl).
+-- duplicate is HMGET and HSET (its second also checks the ttl; a debounced one reads TIME).
 local n = #ARGV
 local message
 if KEYS[2] then message = ARGV[n]; n = n - 1 end
-local payload = ARGV[6]
-if n < 6 then payload = nil end
-local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'c', 'e')
+local payload = ARGV[8]
+if n < 8 then payload = nil end
+local debounce = tonumber(ARGV[6])
+local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'c', 'e', 'w')
 if lock[1] == ARGV[1] then
   -- The holder publishing again: a hand-off's first publish, or a deferred copy of a running
   -- job, is pushed; the same queued publish repeated (a retried call whose reply was lost) is
@@ -36,7 +40,11 @@ end
 if lock[1] then
   local dups = lock[3] or '0'
   local counted = ARGV[4] == '1'
-  if counted then dups = count_duplicate(KEYS[1], dups, ARGV[1], payload) end
+  local due = false  -- debounce: the burst's run moves to delay after this submission
+  if debounce > 0 and lock[4] == 'q' and lock[7] then
+    due = int(math.min(now_ms() + debounce, tonumber(lock[7])))
+  end
+  if counted then dups = count_duplicate(KEYS[1], dups, ARGV[1], payload, due) end
   -- a lock without a ttl (not one we wrote: every lock we write expires, G9; a restore without
   -- ttls, a hand edit) would hold its key for good: it gets this call's ttl. Checked at a
   -- holder's second duplicate and every 64th after (and at each uncounted one: dry runs), so
@@ -57,6 +65,11 @@ local now = now_ms()  -- 't' and 'a': the task and since when, for the tools
 local fields = {'j', ARGV[1], 's', 'q', 'f', fence, 'd', '0', 'e', int(now + ttl),
   'c', confirmed, 't', ARGV[5], 'a', int(now)}
 if KEYS[2] then fields[#fields + 1] = 'm'; fields[#fields + 1] = '1' end  -- (pushed with it)
+if debounce > 0 then  -- 'u': when the run is due; 'w': the latest it may be moved to
+  for _, v in ipairs({'u', int(now + debounce), 'w', int(now + tonumber(ARGV[7]))}) do
+    fields[#fields + 1] = v
+  end
+end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('PEXPIRE', KEYS[1], grace)
 return '1 ' .. fence .. ' 0 ' .. ARGV[1]

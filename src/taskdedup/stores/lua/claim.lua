@@ -1,4 +1,5 @@
--- A worker starts a job: answers run / running / done / busy / exhausted.
+-- A worker starts a job: answers run / running / done / busy / exhausted / early (debounce:
+-- its run is not due yet; the reply's 8th item says in how many ms).
 -- busy: the run lock, or (hold mode) the enqueue lock, is another job's.
 -- KEYS: lock, run, job record
 -- ARGV: job, owner, lease_ms, ttl_ms, lock mode (release|hold|none), run_lock (1/0),
@@ -51,11 +52,16 @@ if rec[1] then
     end
   end
 end
+local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'l', 'u', 'p')
+if lock[1] == job and lock[6] and lock[4] == 'q' then
+  -- debounce: a later submission moved the run ('u'); this delivery comes back when it is due
+  local wait = tonumber(lock[6]) - now
+  if wait > 0 then return {'early', '0', int(attempts - 1), job, '', false, false, int(wait)} end
+end
 if ARGV[6] == '1' then
   local running = redis.call('HGET', KEYS[2], 'j')
   if running and running ~= job then return {'busy', '0', int(attempts - 1), running} end
 end
-local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'l')
 local fence = false
 if ARGV[5] == 'hold' and lock[1] and lock[1] ~= job then
   -- the key is another job's: this copy is stale or was sent without a lock (G12)
@@ -101,10 +107,12 @@ end
 redis.call('HSET', KEYS[3], 's', 'r', 'o', owner, 'u', int(now + lease), 'a', int(attempts),
   'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '', 'l', run_lock, 'b', int(now))
 redis.call('PEXPIRE', KEYS[3], lease + memory)
-return {'run', fence, int(attempts), owner, handoff, payload}
+-- debounce: the burst's latest arguments (a duplicate's), which the run takes
+local latest = (lock[1] == job and lock[6] and lock[7]) or false
+return {'run', fence, int(attempts), owner, handoff, payload, latest}
 end
 local reply = decide()
-if reply[1] == 'run' then return reply end  -- (the job's record has it)
+if reply[1] == 'run' or reply[1] == 'early' then return reply end  -- (ordinary: no history)
 if reply[1] == 'done' then
   remember_event(KEYS[1], 'copy_dropped', ARGV[1])
 elseif reply[1] == 'exhausted' then

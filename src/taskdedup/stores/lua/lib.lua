@@ -70,13 +70,13 @@ end
 -- (reschedule_once). That is all a duplicate writes: the key's history gets one line for all
 -- of a holder's duplicates when its lock ends (note_duplicates), not one per holder at its
 -- first duplicate (that was four more commands on the duplicate a double click makes).
-local function count_duplicate(lock_key, dups, job, payload)
+-- ``due`` (debounce): when the burst's run is due now, or false.
+local function count_duplicate(lock_key, dups, job, payload, due)
   local count = tostring(tonumber(dups) + 1)
-  if payload then
-    redis.call('HSET', lock_key, 'd', count, 'l', job, 'p', payload)
-  else
-    redis.call('HSET', lock_key, 'd', count, 'l', job)
-  end
+  local fields = {'d', count, 'l', job}
+  if payload then fields[5] = 'p'; fields[6] = payload end
+  if due then fields[#fields + 1] = 'u'; fields[#fields + 1] = due end
+  redis.call('HSET', lock_key, unpack(fields))
   return count
 end
 

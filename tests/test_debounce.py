@@ -1,0 +1,121 @@
+"""Debounce with real workers: a burst of submissions of one key runs once, ``delay`` after the
+last (at most ``max_wait`` after the first), with the last submission's arguments; a key that
+never goes quiet still runs every ``max_wait``, and two runs of one key never overlap."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from harness import wait_for
+from test_celery_prefork import start, worker_env  # noqa: F401  (fixtures)
+from test_taskiq_workers import app_env as taskiq_app  # noqa: F401  (fixtures)
+from test_taskiq_workers import start as taskiq_start  # noqa: F401
+from worker_process import WorkerProcess
+
+
+def runs(client: redis.Redis, prefix: str, name: str) -> list[tuple[int, float, int]]:
+    """Each run of ``name``: its n, when it began (epoch s), how many runs were going on."""
+    raw = client.lrange(f"{prefix}:mark:runs:{name}", 0, -1)
+    return [tuple(json.loads(item)) for item in raw]  # type: ignore[misc]
+
+
+def test_a_burst_of_50_submissions_runs_once_with_the_last_arguments(
+    worker_env: Any,  # noqa: F811
+    start: Callable[..., WorkerProcess],  # noqa: F811
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    worker = start()
+    wait_for(lambda: worker.mark("ready"), 60, "the prefork worker to start")
+    client = redis.Redis.from_url(redis_url)
+    first = time.time()
+    handles = []
+    for n in range(50):  # 50 submissions in 2 s; delay=1, max_wait=3
+        handles.append(worker_env.debounced_job.delay("burst", n))
+        time.sleep(0.04)
+    assert len({h.id for h in handles}) == 1  # every caller holds the one run's handle
+    assert sum(bool(getattr(h, "deduplicated", False)) for h in handles) == 49
+    ran = wait_for(lambda: runs(client, key_prefix, "burst"), 15, "the burst's run")
+    assert [n for n, _, _ in ran] == [49]  # once, with the last submission's arguments
+    assert ran[0][1] - first <= 3 + 2  # within max_wait + 2 s of the first submission
+    assert ran[0][1] - first >= 2.0  # not before the burst went quiet (its last was at ~2 s)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # and no second run comes
+        assert len(runs(client, key_prefix, "burst")) == 1
+        time.sleep(0.2)
+    client.close()
+
+
+def test_a_key_that_never_goes_quiet_runs_every_max_wait_and_never_twice_at_once(
+    worker_env: Any,  # noqa: F811
+    start: Callable[..., WorkerProcess],  # noqa: F811
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    worker = start()
+    wait_for(lambda: worker.mark("ready"), 60, "the prefork worker to start")
+    client = redis.Redis.from_url(redis_url)
+    first = time.time()
+    n = 0
+    while time.time() - first < 10:  # a submission every 100 ms for 10 s, each run 0.5 s
+        worker_env.debounced_job.delay("stream", n, 0.5)
+        n += 1
+        time.sleep(0.1)
+    wait_for(lambda: runs(client, key_prefix, "stream")[-1][0] == n - 1, 15, "the last burst")
+    seen = runs(client, key_prefix, "stream")
+    began = [first] + [at for _, at, _ in seen]
+    gaps = [b - a for a, b in itertools.pairwise(began)]
+    assert len(seen) >= 3, seen  # max_wait=3: a run at least every ~3 s of the 10
+    assert max(gaps[:-1]) <= 3 + 1.5, gaps  # (the last burst ends when the stream stops)
+    assert all(active == 1 for _, _, active in seen), seen  # never two runs at once
+    numbers = [m for m, _, _ in seen]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)  # latest, once
+    client.close()
+
+
+def test_taskiq_a_burst_runs_once_with_the_last_arguments_and_a_stream_every_max_wait(
+    taskiq_app: Any,  # noqa: F811
+    taskiq_start: Callable[..., WorkerProcess],  # noqa: F811
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    import asyncio
+
+    from test_taskiq_workers import run, with_broker
+
+    app = taskiq_app(TD_BROKER="stream")
+    taskiq_start("--workers", "1", TD_BROKER="stream")
+    client = redis.Redis.from_url(redis_url)
+
+    async def body() -> tuple[float, list[str], float, int]:
+        first = time.time()
+        ids = []
+        for n in range(50):  # 50 submissions in 2 s; delay=1, max_wait=3
+            ids.append((await app.debounced.kiq("burst", n)).task_id)
+            await asyncio.sleep(0.04)
+        stream_start = time.time()
+        m = 0
+        while time.time() - stream_start < 10:  # then a stream: one every 100 ms, runs of 0.5 s
+            await app.debounced.kiq("stream", m, 0.5)
+            m += 1
+            await asyncio.sleep(0.1)
+        return first, ids, stream_start, m
+
+    first, ids, stream_start, m = run(with_broker(app, body))
+    assert len(set(ids)) == 1  # every caller holds the one run's id
+    burst = runs(client, key_prefix, "burst")
+    assert [n for n, _, _ in burst] == [49] and 2.0 <= burst[0][1] - first <= 3 + 2
+    wait_for(lambda: runs(client, key_prefix, "stream")[-1][0] == m - 1, 15, "the last burst")
+    seen = runs(client, key_prefix, "stream")
+    began = [stream_start] + [at for _, at, _ in seen]
+    gaps = [b - a for a, b in itertools.pairwise(began)]
+    assert len(seen) >= 3 and max(gaps[:-1]) <= 3 + 1.5, gaps
+    assert all(active == 1 for _, _, active in seen), seen  # never two runs at once
+    assert len(runs(client, key_prefix, "burst")) == 1  # and the burst ran once, still
+    client.close()

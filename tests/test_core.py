@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -369,3 +370,29 @@ def test_a_child_forked_while_a_background_batch_holds_its_lock_can_still_use_it
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
         f"the forked child blocked on the {batcher}'s lock (status {status})"
     )
+
+
+def test_a_debounced_burst_whose_delivery_never_comes_frees_its_key_a_grace_after_its_cap(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The burst's one message was lost (a worker killed while it held it back, on a broker
+    without acknowledgements): its lock does not stay for the whole ttl answering every later
+    submission with a job that will never run. Its run was due by the cap (max_wait); a grace
+    after that the key is free and the next submission starts a new burst."""
+    from taskdedup import RedisStore
+    from taskdedup.stores.base import Inspect
+
+    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix), Settings(grace=0.5))
+    policy = make("debounce", delay=0.2, max_wait=0.5, ttl=3600, keys=["user_id"])
+    first = dedup.enqueue(policy, (1,), job_id="lost")
+    dedup.published(first)
+    dedup.confirmer.flush()
+    held = dedup.store.run(Inspect(first.key or ""))
+    assert held is not None and held.confirmed and 0 < held.ttl_ms <= 1_000  # cap + grace
+    assert dedup.enqueue(policy, (1, "again")).job_id == "lost"  # while it may still come
+    deadline = time.monotonic() + 5
+    while (again := dedup.enqueue(policy, (1,), job_id="next")).deduplicated:
+        assert time.monotonic() < deadline, "the lost burst still holds its key"
+        time.sleep(0.05)
+    assert again.acquired and again.job_id == "next"
+    dedup.close()

@@ -49,6 +49,9 @@ def plan_enqueue(
     ttl = ms(p.ttl_seconds + max(delay, 0.0))
     if expires_in is not None and p.strategy != "until_expired":  # a throttle outlives runs
         ttl = min(ttl, ms(max(expires_in, 0.0) + settings.grace))
+    debounce_ms, wait_ms = p.debounce_ms
+    if debounce_ms:  # its run is due by the cap: a lock still queued a grace after that has
+        ttl = min(ttl, wait_ms + ms(settings.grace))  # lost its delivery; the key frees itself
     grace = min(ms(settings.grace), ttl)
     dry = settings.dry_run
     if not tp.keeps_arguments:
@@ -56,7 +59,6 @@ def plan_enqueue(
     limit = settings.reschedule_payload_limit
     if payload is not None and limit and len(payload.encode()) > limit:
         raise PayloadTooLarge(task, len(payload.encode()), limit)
-    debounce_ms, wait_ms = p.debounce_ms
     op = Acquire(key, job_id, ttl, grace, not dry, payload, task, debounce_ms, wait_ms)
 
     def done(reply: AcquireReply) -> Ticket:

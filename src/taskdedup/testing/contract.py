@@ -588,6 +588,36 @@ def test_a_debounced_key_that_never_goes_quiet_runs_by_its_max_wait(h: Harness) 
     assert ran.arguments == "c"
 
 
+def test_a_submission_racing_a_debounced_runs_start_is_never_lost(h: Harness) -> None:
+    """A submission and the claim of the burst's due job, at the same instant: either the
+    submission came first (it is folded in: the job runs, now or at its new due time, with its
+    arguments) or the run took the key first (the submission starts the next burst)."""
+    folded = started_next = 0
+    for n in range(20):
+        k = new_key()
+        h.store.run(debounced(k, "A", 20, 30_000))
+        h.hold_for(0.03)  # A's run is due
+
+        def step(i: int, k: str = k, n: int = n) -> object:
+            if i == 0:
+                return h.store.run(claim(k, "A", "release", run_lock=True))
+            return h.store.run(debounced(k, f"B{n}", 20, 30_000, payload=f"b{n}"))
+
+        ran, sub = race(2, step)
+        assert isinstance(ran, ClaimReply) and not isinstance(sub, ClaimReply)
+        if sub.acquired:  # type: ignore[attr-defined]
+            started_next += 1
+            assert ran.outcome == "run" and ran.arguments is None
+            continue
+        folded += 1
+        assert sub.holder == "A"  # type: ignore[attr-defined]
+        if ran.outcome == "early":
+            again = claim(k, "A", "release", run_lock=True)
+            ran = h.after(0.02, lambda op=again: started(h, op))  # type: ignore[misc]
+        assert ran.outcome == "run" and ran.arguments == f"b{n}"
+    assert folded + started_next == 20
+
+
 def test_a_debounced_holder_not_yet_confirmed_is_not_an_answer(h: Harness) -> None:
     """G11 holds for debounce too: a burst's first job whose publish is not confirmed is
     answered as pending, so a later submission is not folded into a job that may never be."""

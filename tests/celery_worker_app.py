@@ -228,6 +228,7 @@ def _noted_run(name: str, n: int, seconds: float) -> int:
     import json
 
     began = time.time()
+    marks.set(f"{PREFIX}:mark:pid:{name}", os.getpid(), ex=600)
     active = marks.incr(f"{PREFIX}:mark:active:{name}")
     try:
         marks.rpush(f"{PREFIX}:mark:runs:{name}", json.dumps([n, began, active]))

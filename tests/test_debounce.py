@@ -119,3 +119,35 @@ def test_taskiq_a_burst_runs_once_with_the_last_arguments_and_a_stream_every_max
     assert all(active == 1 for _, _, active in seen), seen  # never two runs at once
     assert len(runs(client, key_prefix, "burst")) == 1  # and the burst ran once, still
     client.close()
+
+
+def test_a_worker_killed_mid_run_of_a_debounced_job_lets_the_next_burst_run_once(
+    worker_env: Any,  # noqa: F811
+    start: Callable[..., WorkerProcess],  # noqa: F811
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    """kill -9 of the pool process running a burst's job: its run lock lapses after the lease
+    (5 s), and the next burst, submitted meanwhile, runs once, with its last arguments."""
+    import os
+    import signal
+
+    worker = start()
+    wait_for(lambda: worker.mark("ready"), 60, "the prefork worker to start")
+    client = redis.Redis.from_url(redis_url)
+    worker_env.debounced_job.delay("k9", 0, 60)
+    pid = int(wait_for(lambda: worker.mark("pid:k9"), 15, "the first burst to run"))
+    for n in range(1, 6):  # the next burst, while the first runs
+        worker_env.debounced_job.delay("k9", n)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    wait_for(lambda: len(runs(client, key_prefix, "k9")) >= 2, 5 + 1 + 10, "the next burst")
+    seen = runs(client, key_prefix, "k9")
+    assert [n for n, _, _ in seen] == [0, 5]  # the killed run, then the next burst's last
+    assert seen[1][1] - killed <= 5 + 1 + 5  # within lease + delay + a few seconds
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # and only once
+        assert len(runs(client, key_prefix, "k9")) == 2
+        time.sleep(0.2)
+    client.close()

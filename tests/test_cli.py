@@ -137,6 +137,15 @@ def test_locks_and_stats_from_a_bare_url(redis_url: str, key_prefix: str) -> Non
     # ...whose publish was never confirmed: the lock lapsed after the last decision
     assert "free: its ttl or lease ran out after the last decision (expired)" in lapsed.stdout
     assert "retrying: job-3 keeps the key for its retry" in lapsed.stdout
+    debounced = Policy("debounce", delay=30, max_wait=60).bind("search.reindex", build)
+    burst = dedup.enqueue(debounced, ("doc",), job_id="job-d")
+    dedup.published(burst)
+    dedup.confirmer.flush()
+    due = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", burst.key or "")
+    assert "queued, held by job-d (search.reindex); its run is due in 29." in due.stdout
+    table = taskdedup("--url", redis_url, "--prefix", key_prefix, "locks").stdout.splitlines()
+    assert table[0].split()[-2:] == ["DUPS", "DUE"]
+    assert any(line.split()[-1] in ("29s", "30s") for line in table if "job-d" in line)
     unused = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", "never-used")
     assert unused.returncode != 0  # no key, no job, no task of that name
     waiting = dedup.enqueue(policy, ("queued",), job_id="job-5")  # not started: found by its lock

@@ -58,8 +58,8 @@ def locks(
             click.echo(json.dumps(_record(t, info)))
         return
     rows = [_row(t, info) for info in found]
-    heads = ("KEY", "TASK", "STRATEGY", "STATE", "HOLDER", "WORKER", "TRIES", "AGE", "TTL", "DUPS")
-    _table(heads, rows)
+    named = ("KEY", "TASK", "STRATEGY", "STATE", "HOLDER", "WORKER", "TRIES", "AGE", "TTL")
+    _table((*named, "DUPS", "DUE"), rows)  # DUE: when a debounced holder's run is due
     click.echo(f"{len(found)} lock(s)")
 
 
@@ -164,6 +164,7 @@ def _record(t: Target, info: LockInfo) -> dict[str, Any]:
     policy = t.policies.get(info.task or "")
     record["strategy"] = policy.policy.strategy if policy is not None else None
     record["age_s"] = None if info.since_ms is None else round(_age(info.since_ms), 3)
+    record["due_in_s"] = None if info.due_ms is None else round(due_in(info.due_ms), 3)
     return record
 
 
@@ -180,12 +181,18 @@ def _row(t: Target, info: LockInfo) -> tuple[str, ...]:
         "-" if info.since_ms is None else _seconds(_age(info.since_ms) * 1000),
         _seconds(info.ttl_ms),
         str(info.duplicates),
+        "-" if info.due_ms is None else _seconds(due_in(info.due_ms) * 1000),
     )
 
 
 def _describe(t: Target, info: LockInfo) -> str:
     where = f" on {info.worker}" if info.worker else ""
     return f"{info.key} ({info.task or 'task unknown'}, {info.state}, held by {info.job_id}{where})"
+
+
+def due_in(due_ms: int) -> float:
+    """Seconds until a debounced run is due (0 once it is)."""
+    return max(0.0, due_ms / 1000 - time.time())
 
 
 def _age(since_ms: int) -> float:

@@ -143,6 +143,8 @@ def _now(store: Store, key: str, info: LockInfo | None, events: list[Event]) -> 
     if info is not None:
         where = f" on {info.worker}" if info.worker else ""
         now = f"{info.state}, held by {info.job_id}{where} ({info.task or 'task unknown'})"
+        if info.due_ms is not None and info.state == "queued":  # debounce
+            now += f"; its run is due in {max(0.0, info.due_ms / 1000 - time.time()):.1f}s"
         return now + _answered(info)
     if not events or events[0].what not in HOLDING:
         return "free"

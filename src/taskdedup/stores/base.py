@@ -119,6 +119,7 @@ class LockInfo:
     attempts: int = 0  # runs of the holder started so far
     started_ms: int | None = None  # when the holder's latest run began (the store's clock)
     last_duplicate: str | None = None  # the latest duplicate's job id ('-': none was made)
+    due_ms: int | None = None  # debounce: when the holder's run is due (the store's clock)
 
 
 # ---------------------------------------------------------------- operations

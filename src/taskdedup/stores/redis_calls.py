@@ -364,6 +364,7 @@ def parse_info(key: str, r: Sequence[Any]) -> LockInfo | None:
     job, state, fence, dups, confirmed, pttl, run_job, run_pttl, task, since, worker, tries = r[:12]
     began = r[12] if len(r) > 12 else None
     last = as_text(r[13]) if len(r) > 13 and r[13] else None
+    due = int(r[14]) if len(r) > 14 and r[14] else None
     run_holder = as_text(run_job) if run_job else None
     shown = (  # task, since_ms, worker, attempts, started_ms: what the tools show
         as_text(task) if task else None,
@@ -387,4 +388,5 @@ def parse_info(key: str, r: Sequence[Any]) -> LockInfo | None:
         run_holder,
         *shown,
         last_duplicate=last,
+        due_ms=due,
     )

@@ -363,6 +363,7 @@ def info(r: Records, key: str) -> LockInfo | None:
         run_job,
         *shown,
         last_duplicate=lock.get("l"),
+        due_ms=lock.get("u"),
     )
 
 

@@ -458,3 +458,15 @@ def test_delay_on_another_strategy_is_refused() -> None:
         @deduplicate("until_executed", delay=5)
         @app.task(name="search.reindex", shared=False)
         def reindex(doc_id: int) -> None: ...
+
+
+def test_supersede_needs_until_executed_and_says_why() -> None:
+    app = memory_app()
+    with pytest.raises(ConfigError) as caught:
+
+        @deduplicate("until_executing", on_conflict="supersede")
+        @app.task(name="docs.render", shared=False)
+        def render(doc: str) -> None: ...
+
+    said = str(caught.value)
+    assert "task 'docs.render'" in said and "on_conflict='supersede' needs strategy=" in said

@@ -24,7 +24,7 @@ Strategy = Literal[
     "until_and_while_executing",
     "debounce",
 ]
-OnConflict = Literal["drop", "raise", "reschedule_once"]
+OnConflict = Literal["drop", "raise", "reschedule_once", "supersede"]
 
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 ON_CONFLICT: tuple[str, ...] = get_args(OnConflict)
@@ -82,7 +82,9 @@ class Policy:
     keys: names of the arguments that form the key (default: all of them).
     key: a callable of the task's arguments, or a constant string, that gives the key instead.
     on_conflict: what a duplicate enqueue does: "drop" (return the holder's job),
-        "raise" (DuplicateJob) or "reschedule_once" (one more run after the holder ends).
+        "raise" (DuplicateJob), "reschedule_once" (one more run after the holder ends) or
+        "supersede" (the queued job runs with the latest arguments; once it started, as
+        reschedule_once).
     including_scheduled: also deduplicate jobs sent with an ETA or countdown.
     per_queue: jobs of one task on different queues do not deduplicate each other.
     max_attempts: how many times a job whose worker died may be taken over (None: no limit).
@@ -126,6 +128,12 @@ class Policy:
             raise ConfigError(
                 "on_conflict='reschedule_once' cannot be used with until_expired: the lock "
                 "outlives the job, so there is no end to reschedule after"
+            )
+        if self.on_conflict == "supersede" and self.strategy != "until_executed":
+            raise ConfigError(
+                f"on_conflict='supersede' needs strategy='until_executed' (not "
+                f"{self.strategy!r}): the lock must stay held while the job runs, so that a "
+                "submission then owes one more run with its arguments"
             )
         if self.strategy == "while_executing" and self.on_conflict != "drop":
             raise ConfigError(
@@ -271,7 +279,14 @@ class TaskPolicy:
         as the burst's latest (debounce, whose run takes them); only then does a caller
         serialize them."""
         p = self.policy
-        return p.on_conflict == "reschedule_once" or p.strategy == "debounce"
+        return p.on_conflict in ("reschedule_once", "supersede") or p.strategy == "debounce"
+
+    @property
+    def runs_latest(self) -> bool:
+        """Whether a queued job runs with the latest duplicate's arguments rather than its
+        own message's: debounce, and supersede."""
+        p = self.policy
+        return p.strategy == "debounce" or p.on_conflict == "supersede"
 
     def key_for(
         self,

@@ -70,6 +70,7 @@ def plan_claim(
         nonce=nonce,
         lost_claims=tuple(lost_claims),
         task=tp.task,
+        latest=tp.runs_latest,
     )
 
     def done(reply: ClaimReply) -> Admission:

@@ -70,7 +70,8 @@ def plan_finish(
     """The job ended for good (success or final failure): release, throttle or hand off."""
     p = tp.policy
     holds = p.strategy in HOLD_WHILE_RUNNING or p.strategy in RUN_LOCKING
-    reschedule = p.on_conflict == "reschedule_once" and p.strategy in HOLD_WHILE_RUNNING
+    owes = p.on_conflict in ("reschedule_once", "supersede")  # a run for a duplicate while it ran
+    reschedule = owes and p.strategy in HOLD_WHILE_RUNNING
     ttl = ms(p.ttl_seconds)
     op = Finish(
         key,

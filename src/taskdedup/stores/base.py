@@ -72,7 +72,7 @@ class ClaimReply:
     attempts: int
     holder: str  # run: our owner; running: the live copy's owner; busy: the job whose key it is
     handoff: Handoff | None = None
-    arguments: str | None = None  # run (debounce): the burst's latest arguments, to run with
+    arguments: str | None = None  # run (Claim.latest): the latest duplicate's, to run with
     wait_ms: int = 0  # early: how long until the run is due
 
 
@@ -177,6 +177,9 @@ class Claim(Op[ClaimReply]):
     nonce: str = ""
     lost_claims: tuple[str, ...] = ()  # claims of this job whose replies never arrived
     task: str = ""  # kept in a lock the claim takes, for the tools
+    #: run with the latest duplicate's arguments kept on the lock (debounce, supersede); they
+    #: are consumed: a later duplicate (while it runs) owes a run of its own
+    latest: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

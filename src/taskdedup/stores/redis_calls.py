@@ -183,6 +183,7 @@ class ScriptCalls:
                 op.nonce,
                 ",".join(op.lost_claims),
                 op.task,
+                1 if op.latest else 0,
             ],
             parse_claim,
         )

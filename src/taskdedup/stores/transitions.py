@@ -139,7 +139,7 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
             return ClaimReply("busy", 0, attempts - 1, running["j"])
     fence: int | None = None
     handoff: Handoff | None = None
-    latest = lock.get("p") if lock is not None and lock["j"] == op.job_id and "u" in lock else None
+    latest = lock.get("p") if op.latest and lock is not None and lock["j"] == op.job_id else None
     if op.lock == "hold" and lock is not None and lock["j"] != op.job_id:
         # another job's key: this copy is stale or was sent without a lock (G12)
         if lock["s"] == "r":  # that job runs: wait for it to end
@@ -150,7 +150,13 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
             r.expire(lock_name, r.now + op.lease_ms)
     if lock is not None and lock["j"] == op.job_id and fence is None:
         fence = lock["f"]
-        if op.lock == "hold":
+        if op.lock == "hold" and latest is not None:  # supersede: the duplicates so far are
+            note_duplicates(r, op.key, lock)  # consumed; one while it runs owes its own run
+            lock.pop("p", None)
+            lock.pop("l", None)
+            lock.update(s="r", c=1, d=0)
+            r.expire(lock_name, r.now + op.lease_ms)
+        elif op.lock == "hold":
             lock["s"], lock["c"] = "r", 1  # it was published: it runs
             r.expire(lock_name, r.now + op.lease_ms)
         elif op.lock == "release":

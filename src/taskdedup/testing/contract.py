@@ -560,19 +560,21 @@ def test_a_debounced_burst_runs_once_when_quiet_with_its_latest_arguments(h: Har
     for n in range(3):
         dup = h.store.run(debounced(k, f"B{n}", 300, 30_000, payload=f"args-{n}"))
         assert not dup.acquired and dup.holder == "A"
-    early = h.store.run(claim(k, "A", "release", run_lock=True))
+    early = h.store.run(claim(k, "A", "release", run_lock=True, latest=True))
     assert early.outcome == "early" and 0 < early.wait_ms <= 300
     assert h.store.run(JobState(k, "A")) == "none"  # nothing written: it did not start
-    ran = h.after(0.3, lambda: started(h, claim(k, "A", "release", run_lock=True)))
+    ran = h.after(0.3, lambda: started(h, claim(k, "A", "release", run_lock=True, latest=True)))
     assert ran.arguments == "args-2"
     nxt = h.store.run(debounced(k, "C", 300, 30_000))  # while A runs: the next burst
     assert nxt.acquired
-    busy = h.after(0.3, lambda: started(h, claim(k, "C", "release", run_lock=True), "busy"))
+    busy = h.after(
+        0.3, lambda: started(h, claim(k, "C", "release", run_lock=True, latest=True), "busy")
+    )
     assert busy.holder == "A"  # never beside the run
     h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR))
-    again = h.store.run(claim(k, "C", "release", run_lock=True))
+    again = h.store.run(claim(k, "C", "release", run_lock=True, latest=True))
     assert again.outcome == "run" and again.arguments is None  # its own, nobody moved it
-    assert h.store.run(claim(k, "A", "release", run_lock=True)).outcome == "done"
+    assert h.store.run(claim(k, "A", "release", run_lock=True, latest=True)).outcome == "done"
 
 
 def test_a_debounced_key_that_never_goes_quiet_runs_by_its_max_wait(h: Harness) -> None:
@@ -580,11 +582,11 @@ def test_a_debounced_key_that_never_goes_quiet_runs_by_its_max_wait(h: Harness) 
     h.store.run(debounced(k, "A", 400, 500))
     h.hold_for(0.2)
     h.store.run(debounced(k, "B", 400, 500, payload="b"))  # due: min(now + 400, first + 500)
-    early = h.store.run(claim(k, "A", "release", run_lock=True))
+    early = h.store.run(claim(k, "A", "release", run_lock=True, latest=True))
     assert early.outcome == "early" and early.wait_ms <= 300  # capped, not moved to +400
     h.hold_for(0.25)
     h.store.run(debounced(k, "C", 400, 500, payload="c"))
-    ran = h.after(0.06, lambda: started(h, claim(k, "A", "release", run_lock=True)))
+    ran = h.after(0.06, lambda: started(h, claim(k, "A", "release", run_lock=True, latest=True)))
     assert ran.arguments == "c"
 
 
@@ -600,7 +602,7 @@ def test_a_submission_racing_a_debounced_runs_start_is_never_lost(h: Harness) ->
 
         def step(i: int, k: str = k, n: int = n) -> object:
             if i == 0:
-                return h.store.run(claim(k, "A", "release", run_lock=True))
+                return h.store.run(claim(k, "A", "release", run_lock=True, latest=True))
             return h.store.run(debounced(k, f"B{n}", 20, 30_000, payload=f"b{n}"))
 
         ran, sub = race(2, step)
@@ -612,7 +614,7 @@ def test_a_submission_racing_a_debounced_runs_start_is_never_lost(h: Harness) ->
         folded += 1
         assert sub.holder == "A"  # type: ignore[attr-defined]
         if ran.outcome == "early":
-            again = claim(k, "A", "release", run_lock=True)
+            again = claim(k, "A", "release", run_lock=True, latest=True)
             ran = h.after(0.02, lambda op=again: started(h, op))  # type: ignore[misc]
         assert ran.outcome == "run" and ran.arguments == f"b{n}"
     assert folded + started_next == 20
@@ -627,6 +629,30 @@ def test_a_debounced_holder_not_yet_confirmed_is_not_an_answer(h: Harness) -> No
     h.store.run(Confirm(((k, "A"),)))
     dup = h.store.run(debounced(k, "B", 300, 30_000, payload="b"))
     assert not dup.pending and dup.holder == "A"
+
+
+def test_supersede_runs_the_queued_job_with_the_latest_arguments_then_owes_one_run(
+    h: Harness,
+) -> None:
+    """on_conflict='supersede' (until_executed): submissions while the job waits replace its
+    arguments (it keeps its place: its own message runs them); once it runs, a submission
+    owes one more run, with its arguments, after it (as reschedule_once)."""
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(acquire(k, "B", payload="b"))
+    h.store.run(acquire(k, "C", payload="c"))
+    ran = h.store.run(claim(k, "A", "hold", latest=True))
+    assert ran.outcome == "run" and ran.arguments == "c"
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.duplicates == 0  # consumed by the run
+    quiet = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="H"))
+    assert quiet.released and quiet.handoff is None  # nothing came while it ran
+    h.store.run(acquire(k, "A2"))
+    h.store.run(claim(k, "A2", "hold", latest=True))
+    h.store.run(acquire(k, "D", payload="d"))  # while A2 runs
+    done = h.store.run(Finish(k, "A2", throttle=False, memory_ms=HOUR, handoff_job_id="H2"))
+    assert done.handoff is not None and done.handoff.job_id == "H2"
+    assert done.handoff.payload == "d"
 
 
 def test_run_lock_is_freed_after_its_lease_when_the_worker_dies(h: Harness) -> None:

@@ -5,7 +5,8 @@
 -- ARGV: job, owner, lease_ms, ttl_ms, lock mode (release|hold|none), run_lock (1/0),
 --       memory_ms, attempt ('' = unknown), max_attempts (0 = none), handoff job ('' = none),
 --       grace_ms, nonce (this claim's id), lost claims (comma-separated nonces of this job's
---       claims whose replies never arrived: a record they wrote is no run of the job), task
+--       claims whose replies never arrived: a record they wrote is no run of the job), task,
+--       latest (1: run with the latest duplicate's arguments, the reply's 7th item)
 -- A run is not written to the key's history (the job's record says who runs it and which
 -- attempt): only a delivery that waits, is dropped or has run out of attempts is.
 local function decide()
@@ -75,9 +76,17 @@ if ARGV[5] == 'hold' and lock[1] and lock[1] ~= job then
   end
 end
 local handoff, payload = '', false
+-- ARGV[15] (debounce, supersede): the run takes the latest duplicate's arguments ('p')
+local latest = false
+if lock[1] == job and ARGV[15] == '1' then latest = lock[7] or false end
 if lock[1] == job then
   fence = lock[2]
-  if ARGV[5] == 'hold' then
+  if ARGV[5] == 'hold' and latest then  -- supersede: the duplicates so far are consumed; one
+    note_duplicates(KEYS[1], job, lock[3], lock[5])  -- while it runs owes a run of its own
+    redis.call('HDEL', KEYS[1], 'p', 'l')
+    redis.call('HSET', KEYS[1], 's', 'r', 'c', '1', 'd', '0')
+    redis.call('PEXPIRE', KEYS[1], lease)
+  elseif ARGV[5] == 'hold' then
     redis.call('HSET', KEYS[1], 's', 'r', 'c', '1')  -- it was published: it runs
     redis.call('PEXPIRE', KEYS[1], lease)
   elseif ARGV[5] == 'release' then
@@ -107,8 +116,6 @@ end
 redis.call('HSET', KEYS[3], 's', 'r', 'o', owner, 'u', int(now + lease), 'a', int(attempts),
   'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '', 'l', run_lock, 'b', int(now))
 redis.call('PEXPIRE', KEYS[3], lease + memory)
--- debounce: the burst's latest arguments (a duplicate's), which the run takes
-local latest = (lock[1] == job and lock[6] and lock[7]) or false
 return {'run', fence, int(attempts), owner, handoff, payload, latest}
 end
 local reply = decide()

@@ -10,6 +10,8 @@ the publish rows, and for plain taskiq, taskdedup and taskiq-deduplication on a 
 - a duplicate enqueue of a queued job (its lock confirmed): the key's first duplicate, and a
   later one (taskdedup counts each on the lock; it checks the lock's ttl at a holder's second
   duplicate and every 64th, and writes the duplicates to the key's history as the lock ends);
+- taskdedup's debounce (store apart only): a debounced duplicate also reads the server's clock
+  (its run moves) and carries the call's arguments (the run takes the latest);
 - a drained job (a solo-pool worker's claim, run and finish; Redis broker layouts), also over
   plain Celery's own per-job work where the broker is the same Redis;
 
@@ -270,7 +272,10 @@ def _subject(library: str, store: str, broker: str) -> Subject:
         else:
             install(app, store=RedisStore.from_url(store, key_prefix=tag))
         strategy = library.split(", ")[1]
-        task = deduplicate(strategy)(app.task(shared=False, name=name)(body))
+        # debounce: its run due a millisecond after the burst's last submission, so the drain
+        # measures the store's work, not the wait
+        delays = {"delay": 0.001, "max_wait": 1} if strategy == "debounce" else {}
+        task = deduplicate(strategy, **delays)(app.task(shared=False, name=name)(body))
         subject.keys = f"{tag}:*"
         subject.quiet = QUIET
     elif library == "celery-once":
@@ -308,6 +313,7 @@ LIBRARIES = (
     "plain Celery",
     "taskdedup, until_executed",
     "taskdedup, until_executing",
+    "taskdedup, debounce",
     "celery-once",
     "celery-singleton",
 )
@@ -388,6 +394,8 @@ def _celery(url: str, store: str, n: int, rounds: int) -> tuple[list[dict], list
         subjects = [_subject(name, store, broker) for name in LIBRARIES]
         if not drain:  # the strategies differ on the worker only
             subjects = [s for s in subjects if s.library != "taskdedup, until_executing"]
+        if layout != "Redis broker, store apart":  # (debounce: one layout is enough)
+            subjects = [s for s in subjects if s.library != "taskdedup, debounce"]
         found: dict[str, dict[str, list[Work]]] = {s.library: {} for s in subjects}
         left: dict[str, list[dict[str, Any]]] = {s.library: [] for s in subjects}
         try:

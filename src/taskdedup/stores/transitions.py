@@ -140,6 +140,8 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
     fence: int | None = None
     handoff: Handoff | None = None
     latest = lock.get("p") if op.latest and lock is not None and lock["j"] == op.job_id else None
+    if op.latest and latest is None and rec is not None:  # a run taken over runs what the
+        latest = rec.get("p")  # run before it ran: its record keeps them
     if op.lock == "hold" and lock is not None and lock["j"] != op.job_id:
         # another job's key: this copy is stale or was sent without a lock (G12)
         if lock["s"] == "r":  # that job runs: wait for it to end
@@ -187,6 +189,7 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
             "k": op.nonce,
             "l": int(op.run_lock),
             "b": r.now,
+            **({"p": latest} if latest is not None else {}),
         },
         r.now + op.lease_ms + op.memory_ms,
     )

@@ -655,6 +655,22 @@ def test_supersede_runs_the_queued_job_with_the_latest_arguments_then_owes_one_r
     assert done.handoff.payload == "d"
 
 
+def test_a_run_taken_over_after_its_worker_died_runs_the_latest_arguments_again(
+    h: Harness,
+) -> None:
+    """The run that took a burst's or a superseded job's latest arguments died (its lease
+    lapsed): the copy that takes over runs those arguments too, not its message's first ones
+    (the job's record keeps them)."""
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(acquire(k, "B", payload="b"))
+    first = h.store.run(claim(k, "A", "hold", latest=True, lease_ms=300))
+    assert first.arguments == "b"
+    op = claim(k, "A", "hold", latest=True)
+    again = h.after(0.3, lambda: (reply := h.store.run(op)).outcome == "run" and reply)
+    assert again.arguments == "b" and again.attempts == 2
+
+
 def test_run_lock_is_freed_after_its_lease_when_the_worker_dies(h: Harness) -> None:
     k = new_key()
     h.store.run(claim(k, "A", "none", run_lock=True, lease_ms=300))

@@ -13,7 +13,7 @@ local function decide()
 local job, owner = ARGV[1], ARGV[2]
 local lease, ttl, memory = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local now = now_ms()
-local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f', 'k', 'c', 'w')
+local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f', 'k', 'c', 'w', 'p')
 local attempts = 1
 if rec[1] then
   if rec[1] == 'd' then  -- a finished job holds nothing: free what a late re-send took
@@ -79,6 +79,8 @@ local handoff, payload = '', false
 -- ARGV[15] (debounce, supersede): the run takes the latest duplicate's arguments ('p')
 local latest = false
 if lock[1] == job and ARGV[15] == '1' then latest = lock[7] or false end
+-- a run taken over (its worker died) runs what the run before it ran: its record keeps them
+if ARGV[15] == '1' and not latest then latest = rec[10] or false end
 if lock[1] == job then
   fence = lock[2]
   if ARGV[5] == 'hold' and latest then  -- supersede: the duplicates so far are consumed; one
@@ -113,8 +115,10 @@ if ARGV[6] == '1' then
   redis.call('PEXPIRE', KEYS[2], lease)
 end
 -- 'l': this run holds the run lock (so finish looks there only then); 'b': when it began
-redis.call('HSET', KEYS[3], 's', 'r', 'o', owner, 'u', int(now + lease), 'a', int(attempts),
-  'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '', 'l', run_lock, 'b', int(now))
+local fields = {'s', 'r', 'o', owner, 'u', int(now + lease), 'a', int(attempts),
+  'n', ARGV[8], 'f', fence, 'm', ARGV[7], 'k', ARGV[12] or '', 'l', run_lock, 'b', int(now)}
+if latest then fields[#fields + 1] = 'p'; fields[#fields + 1] = latest end
+redis.call('HSET', KEYS[3], unpack(fields))
 redis.call('PEXPIRE', KEYS[3], lease + memory)
 return {'run', fence, int(attempts), owner, handoff, payload, latest}
 end

@@ -180,3 +180,29 @@ async def debounced(name: str, n: int, seconds: float = 0.0) -> int:
     finally:
         marks.decr(f"{PREFIX}:mark:active:{name}")
     return n
+
+
+@broker.task(
+    task_name="sub.exporting",
+    deduplicate={
+        "strategy": "until_executed",
+        "on_conflict": "supersede",
+        "running": "cancel",
+        "lease": 1.5,
+        "keys": ["name"],
+    },
+)
+async def exporting(name: str, version: int) -> int:
+    """Version 1 works for up to 30 s, checking whether it was superseded every 50 ms."""
+    from taskdedup import raise_if_superseded
+
+    marks.rpush(f"{PREFIX}:mark:seen:{name}", f"start {version} {time.time()}")
+    marks.expire(f"{PREFIX}:mark:seen:{name}", 600)
+    try:
+        deadline = time.monotonic() + (30 if version == 1 else 0)
+        while time.monotonic() < deadline:
+            raise_if_superseded()
+            await asyncio.sleep(0.05)
+    finally:
+        marks.rpush(f"{PREFIX}:mark:seen:{name}", f"end {version} {time.time()}")
+    return version

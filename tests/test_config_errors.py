@@ -470,3 +470,15 @@ def test_supersede_needs_until_executed_and_says_why() -> None:
 
     said = str(caught.value)
     assert "task 'docs.render'" in said and "on_conflict='supersede' needs strategy=" in said
+
+
+def test_running_cancel_needs_supersede_and_says_so() -> None:
+    app = memory_app()
+    with pytest.raises(ConfigError) as caught:
+
+        @deduplicate("until_executed", running="cancel")
+        @app.task(name="docs.export", shared=False)
+        def export(doc: str) -> None: ...
+
+    said = str(caught.value)
+    assert "task 'docs.export'" in said and "add on_conflict='supersede'" in said

@@ -12,6 +12,8 @@ from celery.contrib.testing.worker import start_worker
 from harness import wait_for
 from taskdedup.celery import deduplicate, install
 from test_celery import make_app
+from test_taskiq_workers import app_env as taskiq_app  # noqa: F401  (fixtures)
+from test_taskiq_workers import start as taskiq_start  # noqa: F401
 
 
 def test_celery_supersede_keeps_the_queue_position_and_runs_the_latest_arguments(
@@ -49,3 +51,83 @@ def test_celery_supersede_keeps_the_queue_position_and_runs_the_latest_arguments
         wait_for(lambda: ("render", 4) in order, 20, "the run owed after it")
     assert order.index(("other", 1)) > 0  # the job behind it ran after it
     assert [entry for entry in order if entry[0] == "render"] == [("render", 3), ("render", 4)]
+
+
+def test_celery_cancel_in_progress_stops_a_cooperative_run_and_the_next_starts_after_it(
+    redis_url: str, key_prefix: str
+) -> None:
+    """running="cancel": a submission while the job runs asks it to stop through its lease
+    renewals (every lease/3); the task checks at its own checkpoints and stops; the
+    submission's run starts only after it ended. Nothing is killed."""
+    import time
+
+    from taskdedup import raise_if_superseded
+
+    app = make_app(redis_url, key_prefix, task_ignore_result=True)
+    install(app)
+    seen: list[tuple[str, int, float]] = []
+
+    @deduplicate(
+        "until_executed", on_conflict="supersede", running="cancel", keys=["doc"], lease=1.5
+    )
+    @app.task(name="docs.publish", shared=False)
+    def publish(doc: str, version: int) -> None:
+        seen.append(("start", version, time.monotonic()))
+        try:
+            deadline = time.monotonic() + (30 if version == 1 else 0)
+            while time.monotonic() < deadline:
+                raise_if_superseded()  # the task's own checkpoint
+                time.sleep(0.05)
+        finally:
+            seen.append(("end", version, time.monotonic()))
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        publish.delay("d", 1)
+        wait_for(lambda: any(e[:2] == ("start", 1) for e in seen), 20, "the first run")
+        asked = time.monotonic()
+        newer = publish.delay("d", 2)
+        assert newer.deduplicated  # the caller holds the running job's handle (its run follows)
+        wait_for(lambda: any(e[:2] == ("start", 2) for e in seen), 20, "the newer run")
+    ended = next(at for what, v, at in seen if (what, v) == ("end", 1))
+    began = next(at for what, v, at in seen if (what, v) == ("start", 2))
+    assert ended - asked <= 1.5 / 3 + 1.5  # within about one renewal of the request
+    assert began >= ended  # never beside it
+    assert [v for what, v, _ in seen if what == "start"] == [1, 2]
+
+
+def test_taskiq_cancel_in_progress_stops_a_cooperative_run_and_the_next_starts_after_it(
+    taskiq_app: Any,  # noqa: F811
+    taskiq_start: Any,  # noqa: F811
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    import asyncio
+    import time
+
+    import redis
+
+    from test_taskiq_workers import run, with_broker
+
+    app = taskiq_app(TD_BROKER="stream")
+    taskiq_start(TD_BROKER="stream")
+    client = redis.Redis.from_url(redis_url)
+
+    def seen() -> list[tuple[str, int, float]]:
+        raw = client.lrange(f"{key_prefix}:mark:seen:x", 0, -1)
+        return [(w, int(v), float(t)) for w, v, t in (e.decode().split() for e in raw)]
+
+    async def body() -> float:
+        await app.exporting.kiq("x", 1)
+        await asyncio.to_thread(wait_for, lambda: seen(), 20, "the first run")
+        asked = time.time()
+        newer = await app.exporting.kiq("x", 2)
+        assert newer.deduplicated
+        return asked
+
+    asked = run(with_broker(app, body))
+    wait_for(lambda: any(e[:2] == ("start", 2) for e in seen()), 20, "the newer run")
+    events = seen()
+    ended = next(at for what, v, at in events if (what, v) == ("end", 1))
+    began = next(at for what, v, at in events if (what, v) == ("start", 2))
+    assert ended - asked <= 1.5 / 3 + 1.5 and began >= ended
+    client.close()

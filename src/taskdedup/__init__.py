@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .background import AsyncHeartbeat, Heartbeat
+from .cancel import raise_if_superseded, superseded
 from .core import Deduplicator
 from .decide import Admission, Completion, Ticket
 from .errors import (
@@ -19,6 +20,7 @@ from .errors import (
     PayloadTooLarge,
     QuotaExceeded,
     StoreUnavailable,
+    Superseded,
 )
 from .idempotency import IdempotencyKeys, Recall
 from .policy import Policy, TaskPolicy
@@ -56,8 +58,11 @@ __all__ = [
     "Settings",
     "Store",
     "StoreUnavailable",
+    "Superseded",
     "TaskPolicy",
     "Ticket",
+    "raise_if_superseded",
+    "superseded",
 ]
 
 __version__ = "0.1.0"

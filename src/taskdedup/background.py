@@ -24,9 +24,10 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, Literal, Protocol
 
+from . import cancel
 from .errors import StoreUnavailable
 from .settings import Settings
-from .stores.base import Confirm, Lease, Release, Sent, Store
+from .stores.base import SUPERSEDED, Confirm, Lease, Release, Sent, Store
 
 
 class StoreUser(Protocol):
@@ -41,9 +42,9 @@ class LeaseKeeper(Protocol):
 
     settings: Settings
 
-    def heartbeat(self, leases: Iterable[Lease]) -> tuple[bool, ...] | None: ...
+    def heartbeat(self, leases: Iterable[Lease]) -> tuple[int, ...] | None: ...
 
-    async def aheartbeat(self, leases: Iterable[Lease]) -> tuple[bool, ...] | None: ...
+    async def aheartbeat(self, leases: Iterable[Lease]) -> tuple[int, ...] | None: ...
 
     def lease_lost(self, lease: Lease) -> None: ...
 
@@ -110,11 +111,17 @@ class _Leases:
         return now + lease.lease_ms / 3000 < self._due
 
     def add(self, lease: Lease) -> None:
+        """Renew ``lease`` from now on; a job's lock lease is added in the context that runs
+        the job, which is how :mod:`taskdedup.cancel` knows which job runs there."""
+        if not lease.slot:
+            cancel.running(lease.key, lease.job_id)
         with self._mutex:
             self._held[(lease.key, lease.job_id, lease.slot)] = lease
 
     def discard(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (only that one: a retry of the job may hold an equal one)."""
+        if not lease.slot:
+            cancel.ended(lease.key, lease.job_id)
         with self._mutex:
             ident = (lease.key, lease.job_id, lease.slot)
             if self._held.get(ident) is lease:
@@ -124,7 +131,7 @@ class _Leases:
         with self._mutex:
             return list(self._held.values())
 
-    def lost(self, batch: list[Lease], reply: tuple[bool, ...] | None) -> list[Lease]:
+    def lost(self, batch: list[Lease], reply: tuple[int, ...] | None) -> list[Lease]:
         """The leases of ``batch`` the store no longer knew and that are still held: they are
         no longer renewed. A lease given up while its renewal was on the way (its job ended
         or retried) is not lost; nor is any while the store does not answer (``None``)."""
@@ -133,6 +140,8 @@ class _Leases:
         gone = []
         with self._mutex:
             for lease, alive in zip(batch, reply, strict=True):
+                if alive == SUPERSEDED:
+                    cancel.ask_to_stop(lease.key, lease.job_id)
                 ident = (lease.key, lease.job_id, lease.slot)
                 if not alive and self._held.get(ident) is lease:
                     del self._held[ident]

@@ -350,21 +350,21 @@ class Deduplicator(Runner):
 
     # ------------------------------------------------------------------ while running
 
-    def heartbeat(self, leases: Iterable[Lease]) -> tuple[bool, ...] | None:
+    def heartbeat(self, leases: Iterable[Lease]) -> tuple[int, ...] | None:
         """Renew many leases in one batch; None when the store is down (logged). Each answer
         says whether that job still held something (see :meth:`lease_lost`)."""
         batch = tuple(leases)
         return self._renewed(self._run(plan_heartbeat(batch, note=self.note))) if batch else ()
 
-    async def aheartbeat(self, leases: Iterable[Lease]) -> tuple[bool, ...] | None:
+    async def aheartbeat(self, leases: Iterable[Lease]) -> tuple[int, ...] | None:
         batch = tuple(leases)
         if not batch:
             return ()
         return self._renewed(await self._arun(plan_heartbeat(batch, note=self.note)))
 
-    def _renewed(self, reply: tuple[bool, ...] | None) -> tuple[bool, ...] | None:
+    def _renewed(self, reply: tuple[int, ...] | None) -> tuple[int, ...] | None:
         if reply is not None:
-            renewed = sum(reply)
+            renewed = sum(1 for alive in reply if alive)
             with self._stats_lock:
                 self.stats["heartbeat.renewed"] += renewed
             if renewed and events.everywhere:  # (the metrics; not users' listeners, whose

@@ -36,6 +36,15 @@ class DuplicateJob(DedupError):
         super().__init__(f"duplicate job{where}: job {job_id} already holds key {key}")
 
 
+class Superseded(DedupError):
+    """Raised by :func:`taskdedup.raise_if_superseded` in a job a newer submission asked to
+    stop (``on_conflict="supersede", running="cancel"``); the newer run follows it."""
+
+    def __init__(self, job_id: str | None = None) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id} was superseded by a newer submission; it stops here")
+
+
 class QuotaExceeded(DedupError):
     """A reservation scope already has its maximum number of jobs in flight."""
 

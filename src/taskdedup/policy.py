@@ -25,6 +25,8 @@ Strategy = Literal[
     "debounce",
 ]
 OnConflict = Literal["drop", "raise", "reschedule_once", "supersede"]
+#: supersede, once the job runs: wait for it to end ("wait"), or ask it to stop ("cancel")
+Running = Literal["wait", "cancel"]
 
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 ON_CONFLICT: tuple[str, ...] = get_args(OnConflict)
@@ -91,6 +93,9 @@ class Policy:
     delay: (debounce) seconds of quiet after the last submission of a key before its one run.
     max_wait: (debounce) seconds at most from a burst's first submission to its run, however
         busy the key stays (None: the ttl bounds it).
+    running: (supersede) "cancel": a submission while the job runs asks it to stop
+        (``taskdedup.superseded()`` turns True through its lease renewals); "wait" (default)
+        lets it run on. Either way the submission's run comes after it ends.
     """
 
     strategy: Strategy = "until_executing"
@@ -104,6 +109,7 @@ class Policy:
     max_attempts: int | None = None
     delay: Seconds | None = None
     max_wait: Seconds | None = None
+    running: Running = "wait"
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -134,6 +140,14 @@ class Policy:
                 f"on_conflict='supersede' needs strategy='until_executed' (not "
                 f"{self.strategy!r}): the lock must stay held while the job runs, so that a "
                 "submission then owes one more run with its arguments"
+            )
+        if self.running not in ("wait", "cancel"):
+            raise ConfigError(f"running must be 'wait' or 'cancel', not {self.running!r}")
+        if self.running == "cancel" and self.on_conflict != "supersede":
+            raise ConfigError(
+                "running='cancel' asks a running job to stop for a newer submission, which "
+                "only on_conflict='supersede' makes; add on_conflict='supersede' (with "
+                "strategy='until_executed')"
             )
         if self.strategy == "while_executing" and self.on_conflict != "drop":
             raise ConfigError(
@@ -255,6 +269,7 @@ class PolicyOptions(TypedDict, total=False):
     max_attempts: int | None
     delay: Seconds | None
     max_wait: Seconds | None
+    running: Running | None
 
 
 def given_options(parameters: dict[str, Any]) -> dict[str, Any]:

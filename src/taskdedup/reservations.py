@@ -324,7 +324,7 @@ class ReservationGuard:
         if not self.enabled:
             return None
         held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
-        renewed: tuple[bool, ...] = yield Heartbeat((held,))
+        renewed: tuple[int, ...] = yield Heartbeat((held,))
         if renewed[0]:
             return held
         if max_concurrent is None:

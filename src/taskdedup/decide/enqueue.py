@@ -59,7 +59,8 @@ def plan_enqueue(
     limit = settings.reschedule_payload_limit
     if payload is not None and limit and len(payload.encode()) > limit:
         raise PayloadTooLarge(task, len(payload.encode()), limit)
-    op = Acquire(key, job_id, ttl, grace, not dry, payload, task, debounce_ms, wait_ms)
+    cancel = p.running == "cancel"
+    op = Acquire(key, job_id, ttl, grace, not dry, payload, task, debounce_ms, wait_ms, cancel)
 
     def done(reply: AcquireReply) -> Ticket:
         if reply.acquired:

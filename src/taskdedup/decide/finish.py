@@ -15,11 +15,11 @@ from .answers import Completion
 from .step import Notes, Step
 
 
-def plan_heartbeat(batch: tuple[Lease, ...], *, note: Notes) -> Step[tuple[bool, ...] | None]:
+def plan_heartbeat(batch: tuple[Lease, ...], *, note: Notes) -> Step[tuple[int, ...] | None]:
     """Renew many leases in one batch; None when the store is down. Each answer says whether
     that job still held something."""
 
-    def done(reply: tuple[bool, ...]) -> tuple[bool, ...]:
+    def done(reply: tuple[int, ...]) -> tuple[int, ...]:
         return reply
 
     def failed(exc: StoreUnavailable) -> None:

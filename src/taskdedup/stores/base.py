@@ -144,6 +144,8 @@ class Acquire(Op[AcquireReply]):
     #: ``wait_ms`` after the first (0: not debounced)
     debounce_ms: int = 0
     wait_ms: int = 0
+    #: supersede with running="cancel": a duplicate of a running holder asks it to stop
+    cancel: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,9 +196,14 @@ class Lease:
     task: str = dataclasses.field(default="", compare=False)  # for what is logged
 
 
+#: What a lease's renewal answers: the job no longer held anything; it did; it did, and a
+#: newer submission asked it to stop (supersede with running="cancel"). Truthy: still held.
+LOST, RENEWED, SUPERSEDED = 0, 1, 2
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
-class Heartbeat(Op[tuple[bool, ...]]):
-    """Renew many leases at once; each answer says whether the job still held something."""
+class Heartbeat(Op[tuple[int, ...]]):
+    """Renew many leases at once; each answer is LOST, RENEWED or SUPERSEDED."""
 
     leases: tuple[Lease, ...]
 

@@ -154,7 +154,7 @@ class ScriptCalls:
             "acquire",
             self.names(op.key, "lock"),
             [op.job_id, op.ttl_ms, op.grace_ms, 1 if op.record_duplicate else 0, op.task]
-            + [op.debounce_ms, op.wait_ms]
+            + [op.debounce_ms, op.wait_ms, 1 if op.cancel else 0]
             + ([] if op.payload is None else [op.payload]),
             parse_acquire,
         )
@@ -290,13 +290,13 @@ class ScriptCalls:
                 "renew_slot",
                 self.scope_names(lease.key),
                 [lease.job_id, lease.lease_ms, lease.key],
-                lambda r: bool(int(r)),
+                lambda r: int(bool(int(r))),
             )
         return self._call(
             "heartbeat",
             self.names(lease.key, "lock", "run", "job:" + lease.job_id),
             [lease.job_id, lease.lease_ms],
-            lambda r: bool(int(r)),
+            int,
         )
 
     def confirm_calls(self, op: Confirm, together: bool) -> list[ScriptCall]:

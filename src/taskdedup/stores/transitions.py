@@ -7,6 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from .base import (
+    LOST,
+    RENEWED,
+    SUPERSEDED,
     Acquire,
     AcquireReply,
     Claim,
@@ -68,6 +71,8 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
             due = min(r.now + op.debounce_ms, lock["w"])
         if op.record_duplicate:
             count_duplicate(lock, op.job_id, op.payload, due)
+            if op.cancel and lock["s"] == "r":  # the running holder is asked to stop
+                lock["x"] = 1
         return AcquireReply(
             False, lock["j"], lock["f"], lock["d"], pending=lock["s"] == "q" and lock["c"] == 0
         )
@@ -196,29 +201,29 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
     return ClaimReply("run", fence, attempts, op.owner, handoff, arguments=latest)
 
 
-def heartbeat(op: Heartbeat, r: Records) -> tuple[bool, ...]:
+def heartbeat(op: Heartbeat, r: Records) -> tuple[int, ...]:
     answers = []
     for lease in op.leases:
         if lease.slot:
-            answers.append(renew_slot(r, lease))
+            answers.append(int(renew_slot(r, lease)))
             continue
-        alive = False
+        alive = LOST
         job_name = r.name(lease.key, "job:" + lease.job_id)
         rec = r.get(job_name)
         if rec is not None and rec["s"] == "r":
             rec["u"] = r.now + lease.lease_ms
             r.expire(job_name, r.now + lease.lease_ms + rec["m"])
-            alive = True
+            alive = RENEWED
         lock_name = r.name(lease.key, "lock")
         lock = r.get(lock_name)
         if lock is not None and lock["j"] == lease.job_id and lock["s"] == "r":
             r.expire(lock_name, r.now + lease.lease_ms)
-            alive = True
+            alive = SUPERSEDED if lock.get("x") else RENEWED
         run_name = r.name(lease.key, "run")
         running = r.get(run_name)
         if running is not None and running["j"] == lease.job_id:
             r.expire(run_name, r.now + lease.lease_ms)
-            alive = True
+            alive = alive or RENEWED
         answers.append(alive)
     return tuple(answers)
 

@@ -26,6 +26,8 @@ import uuid
 from ..idempotency import record_key
 from ..stores.base import (
     HISTORY_SIZE,
+    RENEWED,
+    SUPERSEDED,
     Acquire,
     Claim,
     ClaimReply,
@@ -669,6 +671,28 @@ def test_a_run_taken_over_after_its_worker_died_runs_the_latest_arguments_again(
     op = claim(k, "A", "hold", latest=True)
     again = h.after(0.3, lambda: (reply := h.store.run(op)).outcome == "run" and reply)
     assert again.arguments == "b" and again.attempts == 2
+
+
+def test_a_submission_asks_a_running_superseded_job_to_stop_through_its_renewals(
+    h: Harness,
+) -> None:
+    """supersede with running="cancel": a submission while the job runs marks it; the job's
+    next lease renewal answers SUPERSEDED (nothing else is sent to it), and the submission's
+    run is owed after it, as with reschedule_once. A queued holder is not asked: its
+    arguments are replaced instead. The run that follows is not asked to stop."""
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(acquire(k, "Q", payload="q", cancel=True))  # A still queued: not asked
+    assert h.store.run(claim(k, "A", "hold", latest=True)).arguments == "q"
+    lease = Lease(k, "A", 30_000)
+    assert h.store.run(Heartbeat((lease,))) == (RENEWED,)
+    h.store.run(acquire(k, "N", payload="n", cancel=True))  # while A runs
+    assert h.store.run(Heartbeat((lease,))) == (SUPERSEDED,)
+    done = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="H"))
+    assert done.handoff is not None and done.handoff.job_id == "H"
+    assert done.handoff.payload == "n"
+    h.store.run(claim(k, "H", "hold", latest=True))
+    assert h.store.run(Heartbeat((Lease(k, "H", 30_000),))) == (RENEWED,)
 
 
 def test_run_lock_is_freed_after_its_lease_when_the_worker_dies(h: Harness) -> None:

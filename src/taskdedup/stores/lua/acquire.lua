@@ -2,8 +2,9 @@
 -- The holder acquiring again (a hand-off being published) changes nothing.
 -- KEYS: lock [, list]   ARGV: job, ttl_ms, grace_ms, record_duplicate (1/0), task,
 --   debounce_ms, wait_ms (debounce: the run is due debounce_ms after the latest submission,
---   at most wait_ms after the first; 0 0 otherwise)
---   [, payload (reschedule_once, debounce: the latest duplicate's arguments)]
+--   at most wait_ms after the first; 0 0 otherwise), cancel (1: a duplicate of a running
+--   holder asks it to stop, 'x': supersede with running="cancel")
+--   [, payload (reschedule_once, supersede, debounce: the latest duplicate's arguments)]
 --   [, message (with a list)]
 -- With a list (the broker's queue, on this same server) the job's message is pushed there when
 -- the lock is ours, in the same atomic step: lock and message appear together or not at all.
@@ -16,8 +17,8 @@
 local n = #ARGV
 local message
 if KEYS[2] then message = ARGV[n]; n = n - 1 end
-local payload = ARGV[8]
-if n < 8 then payload = nil end
+local payload = ARGV[9]
+if n < 9 then payload = nil end
 local debounce = tonumber(ARGV[6])
 local lock = redis.call('HMGET', KEYS[1], 'j', 'f', 'd', 's', 'c', 'e', 'w')
 if lock[1] == ARGV[1] then
@@ -40,11 +41,13 @@ end
 if lock[1] then
   local dups = lock[3] or '0'
   local counted = ARGV[4] == '1'
-  local due = false  -- debounce: the burst's run moves to delay after this submission
-  if debounce > 0 and lock[4] == 'q' and lock[7] then
-    due = int(math.min(now_ms() + debounce, tonumber(lock[7])))
+  local also = {}  -- what else this duplicate changes on the lock
+  if debounce > 0 and lock[4] == 'q' and lock[7] then  -- the burst's run moves
+    also = {'u', int(math.min(now_ms() + debounce, tonumber(lock[7])))}
+  elseif ARGV[8] == '1' and lock[4] == 'r' then  -- the running holder is asked to stop
+    also = {'x', '1'}
   end
-  if counted then dups = count_duplicate(KEYS[1], dups, ARGV[1], payload, due) end
+  if counted then dups = count_duplicate(KEYS[1], dups, ARGV[1], payload, also) end
   -- a lock without a ttl (not one we wrote: every lock we write expires, G9; a restore without
   -- ttls, a hand edit) would hold its key for good: it gets this call's ttl. Checked at a
   -- holder's second duplicate and every 64th after (and at each uncounted one: dry runs), so

@@ -70,12 +70,12 @@ end
 -- (reschedule_once). That is all a duplicate writes: the key's history gets one line for all
 -- of a holder's duplicates when its lock ends (note_duplicates), not one per holder at its
 -- first duplicate (that was four more commands on the duplicate a double click makes).
--- ``due`` (debounce): when the burst's run is due now, or false.
-local function count_duplicate(lock_key, dups, job, payload, due)
+-- ``also``: more fields it sets (debounce: when the run is due; cancel: the stop request).
+local function count_duplicate(lock_key, dups, job, payload, also)
   local count = tostring(tonumber(dups) + 1)
   local fields = {'d', count, 'l', job}
   if payload then fields[5] = 'p'; fields[6] = payload end
-  if due then fields[#fields + 1] = 'u'; fields[#fields + 1] = due end
+  for _, v in ipairs(also or {}) do fields[#fields + 1] = v end
   redis.call('HSET', lock_key, unpack(fields))
   return count
 end

@@ -451,34 +451,23 @@ def test_a_bad_debounce_option_fails_where_the_task_is_defined_naming_task_and_o
     assert "search.reindex" in str(label_form.value) and says in str(label_form.value)
 
 
-def test_delay_on_another_strategy_is_refused() -> None:
-    app = memory_app()
-    with pytest.raises(ConfigError, match="delay applies to the debounce strategy only"):
-
-        @deduplicate("until_executed", delay=5)
-        @app.task(name="search.reindex", shared=False)
-        def reindex(doc_id: int) -> None: ...
-
-
-def test_supersede_needs_until_executed_and_says_why() -> None:
+@pytest.mark.parametrize(
+    ("strategy", "options", "says"),
+    [
+        ("until_executed", {"delay": 5}, "delay applies to the debounce strategy only"),
+        ("until_executing", {"on_conflict": "supersede"}, "'supersede' needs strategy="),
+        ("until_executed", {"running": "cancel"}, "add on_conflict='supersede'"),
+    ],
+)
+def test_a_newest_wins_option_on_the_wrong_policy_names_task_and_fix(
+    strategy: str, options: dict[str, Any], says: str
+) -> None:
     app = memory_app()
     with pytest.raises(ConfigError) as caught:
 
-        @deduplicate("until_executing", on_conflict="supersede")
+        @deduplicate(strategy, **options)  # type: ignore[arg-type]
         @app.task(name="docs.render", shared=False)
         def render(doc: str) -> None: ...
 
     said = str(caught.value)
-    assert "task 'docs.render'" in said and "on_conflict='supersede' needs strategy=" in said
-
-
-def test_running_cancel_needs_supersede_and_says_so() -> None:
-    app = memory_app()
-    with pytest.raises(ConfigError) as caught:
-
-        @deduplicate("until_executed", running="cancel")
-        @app.task(name="docs.export", shared=False)
-        def export(doc: str) -> None: ...
-
-    said = str(caught.value)
-    assert "task 'docs.export'" in said and "add on_conflict='supersede'" in said
+    assert "task 'docs.render'" in said and says in said

@@ -7,9 +7,10 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import redis
 
 from harness import wait_for
@@ -17,6 +18,27 @@ from test_celery_prefork import start, worker_env  # noqa: F401  (fixtures)
 from test_taskiq_workers import app_env as taskiq_app  # noqa: F401  (fixtures)
 from test_taskiq_workers import start as taskiq_start  # noqa: F401
 from worker_process import WorkerProcess
+
+
+@pytest.fixture
+def client(
+    start: Callable[..., WorkerProcess],  # noqa: F811
+    redis_url: str,
+) -> Iterator[redis.Redis]:
+    """A ready Celery prefork worker, and a client to read what its runs noted."""
+    worker = start()
+    wait_for(lambda: worker.mark("ready"), 60, "the prefork worker to start")
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def stays(check: Callable[[], bool], seconds: float = 3.0) -> None:
+    """``check()`` holds the whole time (a run that must not come again)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert check()
+        time.sleep(0.2)
 
 
 def runs(client: redis.Redis, prefix: str, name: str) -> list[tuple[int, float, int]]:
@@ -27,13 +49,9 @@ def runs(client: redis.Redis, prefix: str, name: str) -> list[tuple[int, float, 
 
 def test_a_burst_of_50_submissions_runs_once_with_the_last_arguments(
     worker_env: Any,  # noqa: F811
-    start: Callable[..., WorkerProcess],  # noqa: F811
-    redis_url: str,
+    client: redis.Redis,
     key_prefix: str,
 ) -> None:
-    worker = start()
-    wait_for(lambda: worker.mark("ready"), 60, "the prefork worker to start")
-    client = redis.Redis.from_url(redis_url)
     first = time.time()
     handles = []
     for n in range(50):  # 50 submissions in 2 s; delay=1, max_wait=3
@@ -45,22 +63,14 @@ def test_a_burst_of_50_submissions_runs_once_with_the_last_arguments(
     assert [n for n, _, _ in ran] == [49]  # once, with the last submission's arguments
     assert ran[0][1] - first <= 3 + 2  # within max_wait + 2 s of the first submission
     assert ran[0][1] - first >= 2.0  # not before the burst went quiet (its last was at ~2 s)
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:  # and no second run comes
-        assert len(runs(client, key_prefix, "burst")) == 1
-        time.sleep(0.2)
-    client.close()
+    stays(lambda: len(runs(client, key_prefix, "burst")) == 1)  # and no second run comes
 
 
 def test_a_key_that_never_goes_quiet_runs_every_max_wait_and_never_twice_at_once(
     worker_env: Any,  # noqa: F811
-    start: Callable[..., WorkerProcess],  # noqa: F811
-    redis_url: str,
+    client: redis.Redis,
     key_prefix: str,
 ) -> None:
-    worker = start()
-    wait_for(lambda: worker.mark("ready"), 60, "the prefork worker to start")
-    client = redis.Redis.from_url(redis_url)
     first = time.time()
     n = 0
     while time.time() - first < 10:  # a submission every 100 ms for 10 s, each run 0.5 s
@@ -76,7 +86,6 @@ def test_a_key_that_never_goes_quiet_runs_every_max_wait_and_never_twice_at_once
     assert all(active == 1 for _, _, active in seen), seen  # never two runs at once
     numbers = [m for m, _, _ in seen]
     assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)  # latest, once
-    client.close()
 
 
 def test_taskiq_a_burst_runs_once_with_the_last_arguments_and_a_stream_every_max_wait(
@@ -123,8 +132,7 @@ def test_taskiq_a_burst_runs_once_with_the_last_arguments_and_a_stream_every_max
 
 def test_a_worker_killed_mid_run_of_a_debounced_job_lets_the_next_burst_run_once(
     worker_env: Any,  # noqa: F811
-    start: Callable[..., WorkerProcess],  # noqa: F811
-    redis_url: str,
+    client: redis.Redis,
     key_prefix: str,
 ) -> None:
     """kill -9 of the pool process running a burst's job: its run lock lapses after the lease
@@ -132,11 +140,9 @@ def test_a_worker_killed_mid_run_of_a_debounced_job_lets_the_next_burst_run_once
     import os
     import signal
 
-    worker = start()
-    wait_for(lambda: worker.mark("ready"), 60, "the prefork worker to start")
-    client = redis.Redis.from_url(redis_url)
     worker_env.debounced_job.delay("k9", 0, 60)
-    pid = int(wait_for(lambda: worker.mark("pid:k9"), 15, "the first burst to run"))
+    pid_mark = f"{key_prefix}:mark:pid:k9"
+    pid = int(wait_for(lambda: client.get(pid_mark), 15, "the first burst to run"))
     for n in range(1, 6):  # the next burst, while the first runs
         worker_env.debounced_job.delay("k9", n)
         time.sleep(0.05)
@@ -146,8 +152,4 @@ def test_a_worker_killed_mid_run_of_a_debounced_job_lets_the_next_burst_run_once
     seen = runs(client, key_prefix, "k9")
     assert [n for n, _, _ in seen] == [0, 5]  # the killed run, then the next burst's last
     assert seen[1][1] - killed <= 5 + 1 + 5  # within lease + delay + a few seconds
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:  # and only once
-        assert len(runs(client, key_prefix, "k9")) == 2
-        time.sleep(0.2)
-    client.close()
+    stays(lambda: len(runs(client, key_prefix, "k9")) == 2)  # and only once

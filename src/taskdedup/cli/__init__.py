@@ -16,7 +16,7 @@ import click
 
 from ..stores.base import ForceUnlock, Inspect, ListScopes, ListSlots, LockInfo, Scan
 from .doctor import EXIT, run_checks
-from .explain import explain, find_key
+from .explain import due_in, explain, find_key
 from .target import Target, resolve
 
 
@@ -188,11 +188,6 @@ def _row(t: Target, info: LockInfo) -> tuple[str, ...]:
 def _describe(t: Target, info: LockInfo) -> str:
     where = f" on {info.worker}" if info.worker else ""
     return f"{info.key} ({info.task or 'task unknown'}, {info.state}, held by {info.job_id}{where})"
-
-
-def due_in(due_ms: int) -> float:
-    """Seconds until a debounced run is due (0 once it is)."""
-    return max(0.0, due_ms / 1000 - time.time())
 
 
 def _age(since_ms: int) -> float:

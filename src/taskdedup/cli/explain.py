@@ -128,6 +128,11 @@ def says(e: Event) -> str:
     return template.format(*detail, job=e.job_id).replace(" ()", "").rstrip()  # (no why)
 
 
+def due_in(due_ms: int) -> float:
+    """Seconds until a debounced run is due (0 once it is)."""
+    return max(0.0, due_ms / 1000 - time.time())
+
+
 def _answered(info: LockInfo) -> str:
     """The duplicates the holder answered so far (counted on its lock: the history gets them
     in one line when the lock ends)."""
@@ -144,7 +149,7 @@ def _now(store: Store, key: str, info: LockInfo | None, events: list[Event]) -> 
         where = f" on {info.worker}" if info.worker else ""
         now = f"{info.state}, held by {info.job_id}{where} ({info.task or 'task unknown'})"
         if info.due_ms is not None and info.state == "queued":  # debounce
-            now += f"; its run is due in {max(0.0, info.due_ms / 1000 - time.time()):.1f}s"
+            now += f"; its run is due in {due_in(info.due_ms):.1f}s"
         return now + _answered(info)
     if not events or events[0].what not in HOLDING:
         return "free"

@@ -30,7 +30,10 @@ def running(key: str, job_id: str) -> None:
 
 def ended(key: str, job_id: str) -> None:
     """``job_id`` ended: its stop request, if any, is forgotten (a later job in this context
-    says it runs before its body starts)."""
+    says it runs before its body starts). Every job's end passes here: without a request
+    pending in this process (nearly always) it takes no lock."""
+    if not _asked:
+        return
     with _mutex:
         _asked.discard((key, job_id))
 

@@ -206,3 +206,25 @@ async def exporting(name: str, version: int) -> int:
     finally:
         marks.rpush(f"{PREFIX}:mark:seen:{name}", f"end {version} {time.time()}")
     return version
+
+
+@broker.task(
+    task_name="sub.rendering",
+    deduplicate={"strategy": "until_executed", "on_conflict": "supersede", "keys": ["name"]},
+)
+async def rendering(name: str, version: int) -> int:
+    """Notes its version in the name's order list; version 3 then waits for a go mark."""
+    marks.rpush(f"{PREFIX}:mark:order:{name}", f"render {version}")
+    marks.expire(f"{PREFIX}:mark:order:{name}", 600)
+    if version == 3:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not marks.exists(f"{PREFIX}:mark:go:{name}"):
+            await asyncio.sleep(0.05)
+    return version
+
+
+@broker.task(task_name="sub.behind")
+async def behind(name: str) -> None:
+    """A job of another task, queued behind a superseded one: notes when it ran."""
+    marks.rpush(f"{PREFIX}:mark:order:{name}", "other")
+    marks.expire(f"{PREFIX}:mark:order:{name}", 600)

@@ -143,6 +143,9 @@ def test_locks_and_stats_from_a_bare_url(redis_url: str, key_prefix: str) -> Non
     dedup.confirmer.flush()
     due = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", burst.key or "")
     assert "queued, held by job-d (search.reindex); its run is due in 29." in due.stdout
+    assert dedup.enqueue(debounced, ("doc",), job_id="job-e", payload='["doc"]').deduplicated
+    folded = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", burst.key or "")
+    assert "1 submission debounced onto it so far, the last job-e" in folded.stdout
     table = taskdedup("--url", redis_url, "--prefix", key_prefix, "locks").stdout.splitlines()
     assert table[0].split()[-2:] == ["DUPS", "DUE"]
     assert any(line.split()[-1] in ("29s", "30s") for line in table if "job-d" in line)
@@ -227,3 +230,26 @@ def test_locks_of_a_taskiq_broker(app_env: dict[str, str], monkeypatch: pytest.M
     assert [(r["task"], r["strategy"], r["state"]) for r in rows if r["job_id"] == job_id] == [
         ("sub.long_job", "until_executed", "queued")
     ]
+
+
+def test_explain_says_what_the_duplicates_of_the_newest_wins_modes_did() -> None:
+    """The history's line for a lock's duplicates names what they did: debounced onto the
+    burst's job, superseded its arguments, asked it to stop."""
+    from taskdedup.cli.explain import says
+    from taskdedup.stores.base import Event
+
+    def line(what: str, last: str, holder: str, count: int) -> str:
+        return says(Event(0, what, last, (holder, str(count))))
+
+    assert line("debounced", "B9", "A", 3) == (
+        "debounced: 3 submissions were debounced onto A (the last: B9); it ran with the last"
+        " one's arguments"
+    )
+    assert line("superseded", "C", "A", 1) == (
+        "superseded: A's arguments were superseded by those of the submission C, which it ran with"
+    )
+    assert line("cancel_requested", "N", "A", 2) == (
+        "cancel requested: 2 submissions asked A to stop while it ran (the last: N); one run,"
+        " with the last one's arguments, followed it"
+    )
+    assert line("deduplicated", "-", "A", 1) == "deduplicated: a submission was answered with A"

@@ -177,3 +177,84 @@ def test_taskiq_callbacks_and_counters_of_producer_decisions() -> None:
     assert count("taskdedup_deduplicated_total", task="events.build") == 1
     labels = {"task": "events.build", "decision": "enqueue", "outcome": "acquired"}
     assert count("taskdedup_decisions_total", **labels) == 2  # abc, then def
+
+
+class NewestWins(DedupMiddleware):
+    """The newest-wins callbacks, as a user would override them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[str, str | None]] = []
+
+    def on_deduplicated(self, event: Decision) -> None:
+        self.seen.append(("deduplicated", event.holder))
+
+    def on_debounced(self, event: Decision) -> None:
+        self.seen.append(("debounced", event.holder))
+
+    async def on_cancel_requested(self, event: Decision) -> None:
+        self.seen.append(("cancel_requested", event.holder))
+
+
+def test_taskiq_callbacks_and_counters_of_debounced_and_cancel_requesting_submissions() -> None:
+    """A submission folded into a burst is told as ``debounced``, one that asks a running job
+    to stop as ``cancel_requested``; each is a ``deduplicated`` one too, for listeners and for
+    the counters, and ``taskdedup_newest_wins_total`` counts them by effect."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from taskdedup.metrics import install_metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics = install_metrics(registry)
+    middleware = NewestWins(MemoryStore())
+    broker = InMemoryBroker().with_middlewares(middleware)
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    @broker.task(task_name="events.reindex", deduplicate={"strategy": "debounce", "delay": 30})
+    async def reindex(doc: str) -> str:
+        return doc
+
+    @broker.task(
+        task_name="events.export",
+        deduplicate={"strategy": "until_executed", "on_conflict": "supersede", "running": "cancel"},
+    )
+    async def export(sheet: str) -> str:
+        started.set()
+        await gate.wait()
+        return sheet
+
+    async def body() -> tuple[str, str]:
+        await broker.startup()
+        burst = await reindex.kiq("d")
+        assert (await reindex.kiq("d")).task_id == burst.task_id
+        running = await export.kiq("s")
+        await asyncio.wait_for(started.wait(), 10)
+        assert (await export.kiq("s")).task_id == running.task_id
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(middleware.seen) < 4:  # (the async callback runs on the loop)
+            assert asyncio.get_running_loop().time() < deadline, middleware.seen
+            await asyncio.sleep(0.01)
+        gate.set()
+        await broker.shutdown()
+        return burst.task_id, running.task_id
+
+    try:
+        burst_id, running_id = asyncio.run(asyncio.wait_for(body(), 30))
+    finally:
+        metrics.stop()
+    assert sorted(middleware.seen) == sorted(
+        [
+            ("debounced", burst_id),
+            ("deduplicated", burst_id),
+            ("cancel_requested", running_id),
+            ("deduplicated", running_id),
+        ]
+    )
+
+    def count(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    assert count("taskdedup_newest_wins_total", task="events.reindex", effect="debounced") == 1
+    assert count("taskdedup_deduplicated_total", task="events.reindex") == 1
+    effect = {"task": "events.export", "effect": "cancel_requested"}
+    assert count("taskdedup_newest_wins_total", **effect) == 1
+    assert count("taskdedup_deduplicated_total", task="events.export") == 1

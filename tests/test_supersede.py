@@ -10,10 +10,30 @@ from typing import Any
 from celery.contrib.testing.worker import start_worker
 
 from harness import wait_for
-from taskdedup.celery import deduplicate, install
+from taskdedup.celery import deduplicate, install, signals
 from test_celery import make_app
 from test_taskiq_workers import app_env as taskiq_app  # noqa: F401  (fixtures)
 from test_taskiq_workers import start as taskiq_start  # noqa: F401
+
+
+def listen(*names: str) -> tuple[list[tuple[str, Any]], Any]:
+    """Connect a receiver to each named taskdedup signal; returns what they saw and a
+    function that disconnects them."""
+    seen: list[tuple[str, Any]] = []
+    connected = []
+    for name in names:
+
+        def got(sender: Any = None, name: str = name, **kw: Any) -> None:
+            seen.append((name, kw["holder"]))
+
+        getattr(signals, name).connect(got, weak=False)
+        connected.append((name, got))
+
+    def stop() -> None:
+        for name, got in connected:
+            getattr(signals, name).disconnect(got)
+
+    return seen, stop
 
 
 def test_celery_supersede_keeps_the_queue_position_and_runs_the_latest_arguments(
@@ -21,6 +41,7 @@ def test_celery_supersede_keeps_the_queue_position_and_runs_the_latest_arguments
 ) -> None:
     app = make_app(redis_url, key_prefix, task_ignore_result=True)
     install(app)
+    signalled, stop_listening = listen("task_superseded", "task_deduplicated")
     order: list[tuple[str, Any]] = []
     running = threading.Event()
     go_on = threading.Event()
@@ -42,15 +63,27 @@ def test_celery_supersede_keeps_the_queue_position_and_runs_the_latest_arguments
     second = render.delay("d", 2)
     third = render.delay("d", 3)
     assert second.deduplicated and third.deduplicated and second.id == third.id == first.id
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
-        wait_for(running.is_set, 20, "the job to run")
-        assert order[0] == ("render", 3)  # in its own place, with the latest arguments
-        late = render.delay("d", 4)  # while it runs: one more run, after it
-        assert late.deduplicated and late.id == first.id
-        go_on.set()
-        wait_for(lambda: ("render", 4) in order, 20, "the run owed after it")
+    try:
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+            wait_for(running.is_set, 20, "the job to run")
+            assert order[0] == ("render", 3)  # in its own place, with the latest arguments
+            late = render.delay("d", 4)  # while it runs: one more run, after it
+            assert late.deduplicated and late.id == first.id
+            go_on.set()
+            wait_for(lambda: ("render", 4) in order, 20, "the run owed after it")
+    finally:
+        stop_listening()
     assert order.index(("other", 1)) > 0  # the job behind it ran after it
     assert [entry for entry in order if entry[0] == "render"] == [("render", 3), ("render", 4)]
+    # each replacement was signalled as one (and as a duplicate); the late one only as a
+    # duplicate: it replaced nothing, it owes a run
+    assert signalled == [
+        ("task_superseded", first.id),
+        ("task_deduplicated", first.id),
+        ("task_superseded", first.id),
+        ("task_deduplicated", first.id),
+        ("task_deduplicated", first.id),
+    ]
 
 
 def test_celery_cancel_in_progress_stops_a_cooperative_run_and_the_next_starts_after_it(
@@ -81,13 +114,18 @@ def test_celery_cancel_in_progress_stops_a_cooperative_run_and_the_next_starts_a
         finally:
             seen.append(("end", version, time.monotonic()))
 
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
-        publish.delay("d", 1)
-        wait_for(lambda: any(e[:2] == ("start", 1) for e in seen), 20, "the first run")
-        asked = time.monotonic()
-        newer = publish.delay("d", 2)
-        assert newer.deduplicated  # the caller holds the running job's handle (its run follows)
-        wait_for(lambda: any(e[:2] == ("start", 2) for e in seen), 20, "the newer run")
+    signalled, stop_listening = listen("cancel_requested")
+    try:
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+            first = publish.delay("d", 1)
+            wait_for(lambda: any(e[:2] == ("start", 1) for e in seen), 20, "the first run")
+            asked = time.monotonic()
+            newer = publish.delay("d", 2)
+            assert newer.deduplicated  # the caller holds the running job's handle
+            wait_for(lambda: any(e[:2] == ("start", 2) for e in seen), 20, "the newer run")
+    finally:
+        stop_listening()
+    assert signalled == [("cancel_requested", first.id)]
     ended = next(at for what, v, at in seen if (what, v) == ("end", 1))
     began = next(at for what, v, at in seen if (what, v) == ("start", 2))
     assert ended - asked <= 1.5 / 3 + 1.5  # within about one renewal of the request
@@ -130,4 +168,41 @@ def test_taskiq_cancel_in_progress_stops_a_cooperative_run_and_the_next_starts_a
     ended = next(at for what, v, at in events if (what, v) == ("end", 1))
     began = next(at for what, v, at in events if (what, v) == ("start", 2))
     assert ended - asked <= 1.5 / 3 + 1.5 and began >= ended
+    client.close()
+
+
+def test_taskiq_supersede_keeps_the_queue_position_and_runs_the_latest_arguments(
+    taskiq_app: Any,  # noqa: F811
+    taskiq_start: Any,  # noqa: F811
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    """The Celery scenario on a real taskiq worker (one job at a time, so the queue order is
+    the run order): the queued job runs in its place with the newest arguments, the job
+    behind it runs next, and the submission made while it ran gets one more run after."""
+    import redis
+
+    from test_taskiq_workers import run, with_broker
+
+    app = taskiq_app()
+    client = redis.Redis.from_url(redis_url)
+
+    def order() -> list[str]:
+        return [e.decode() for e in client.lrange(f"{key_prefix}:mark:order:d", 0, -1)]
+
+    async def submit() -> list[Any]:
+        first = await app.rendering.kiq("d", 1)
+        await app.behind.kiq("d")
+        return [first, await app.rendering.kiq("d", 2), await app.rendering.kiq("d", 3)]
+
+    first, second, third = run(with_broker(app, submit))
+    assert second.deduplicated and third.deduplicated
+    assert first.task_id == second.task_id == third.task_id
+    taskiq_start("--max-async-tasks", "1")
+    wait_for(lambda: order() == ["render 3"], 30, "the job to run, with the latest arguments")
+    late = run(with_broker(app, lambda: app.rendering.kiq("d", 4)))
+    assert late.deduplicated and late.task_id == first.task_id  # the running job's handle
+    client.set(f"{key_prefix}:mark:go:d", 1, ex=600)
+    wait_for(lambda: len(order()) == 3, 30, "the job behind it, then the run owed")
+    assert order() == ["render 3", "other", "render 4"]
     client.close()

@@ -33,6 +33,19 @@ class Callbacks:
     def on_deduplicated(self, event: Decision) -> Any:
         """A submission was answered with the job that holds its key (``event.holder``)."""
 
+    def on_debounced(self, event: Decision) -> Any:
+        """A submission was folded into its burst's one run (``debounce``; ``event.holder``
+        is the burst's job, whose run moved to ``delay`` after this one). Also
+        ``on_deduplicated``."""
+
+    def on_superseded(self, event: Decision) -> Any:
+        """A submission's arguments replaced those of its key's job still queued (``supersede``;
+        ``event.holder``). Also ``on_deduplicated``."""
+
+    def on_cancel_requested(self, event: Decision) -> Any:
+        """A submission asked its key's running job to stop (``running="cancel"``); its own run
+        follows that job's end. Also ``on_deduplicated``."""
+
     def on_idempotent_hit(self, event: Decision) -> Any:
         """A submission was answered with the job of its idempotency key."""
 
@@ -63,8 +76,8 @@ class Callbacks:
     def _tell(self, event: Decision) -> None:
         """Call ``on_decision`` and the callback of the event's kind (a Runner listener)."""
         self._call(self.on_decision, event)
-        if event.kind is not None:
-            self._call(getattr(self, f"on_{event.kind}"), event)
+        for kind in event.kinds:  # (a debounced submission is a deduplicated one too)
+            self._call(getattr(self, f"on_{kind}"), event)
 
     def _call(self, callback: Any, event: Decision) -> None:
         try:

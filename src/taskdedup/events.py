@@ -28,6 +28,9 @@ log = logging.getLogger("taskdedup")
 #: is None for the rest (a lock acquired, a job claimed to run, a retry keeping its lock).
 KINDS: Mapping[tuple[str, str], str] = {
     ("enqueue", "duplicate"): "deduplicated",
+    ("enqueue", "debounced"): "debounced",  # a duplicate folded into its burst's one run
+    ("enqueue", "superseded"): "superseded",  # its arguments replace the queued holder's
+    ("enqueue", "cancel_requested"): "cancel_requested",  # the running holder asked to stop
     ("idempotency", "hit"): "idempotent_hit",
     ("claim", "recovered"): "recovered",  # a copy runs in place of a run whose worker died
     ("claim", "running"): "copy_deferred",  # a copy of a job that runs: sent back to wait
@@ -40,6 +43,14 @@ KINDS: Mapping[tuple[str, str], str] = {
     ("release", "released"): "lock_released",
     ("heartbeat", "lost"): "lease_lost",
     ("reserve", "rejected"): "quota_rejected",
+}
+#: Kinds that are also a broader one: a debounced, superseding or cancel-requesting submission
+#: is answered with its key's holder, so it is a ``deduplicated`` one too (its listeners, and
+#: the ``taskdedup_deduplicated_total`` counter, see it as well).
+ALSO: Mapping[str, str] = {
+    "debounced": "deduplicated",
+    "superseded": "deduplicated",
+    "cancel_requested": "deduplicated",
 }
 
 
@@ -66,6 +77,16 @@ class Decision:
         if self.outcome == "store_unavailable":
             return "store_unavailable"
         return KINDS.get((self.decision, self.outcome))
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The event's kind and the broader kind it also is (see :data:`ALSO`), most specific
+        first; empty for a decision of no named kind."""
+        kind = self.kind
+        if kind is None:
+            return ()
+        broader = ALSO.get(kind)
+        return (kind, broader) if broader else (kind,)
 
     @classmethod
     def of(cls, decision: str, outcome: str, task: str, fields: Mapping[str, Any]) -> Decision:

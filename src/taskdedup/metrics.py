@@ -43,6 +43,12 @@ class Metrics:
         self.deduplicated = counter(
             "deduplicated", "Submissions answered with the job that holds their key", "task"
         )
+        self.newest_wins = counter(
+            "newest_wins",
+            "Duplicates that did more than wait: debounced, superseded, cancel_requested",
+            "task",
+            "effect",
+        )
         self.reschedules = counter(
             "reschedules", "Owed runs of reschedule_once sent after a job ended", "task"
         )
@@ -102,6 +108,9 @@ class Metrics:
         kind = event.kind
         if kind == "store_unavailable":
             self.store_unavailable.labels(event.task, event.decision).inc()
+        elif kind in events.ALSO:  # (and a deduplicated one too)
+            self.newest_wins.labels(event.task, kind).inc()
+            self.deduplicated.labels(event.task).inc()
         elif kind is not None and kind in self._by_kind:
             self._by_kind[kind].labels(event.task).inc()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from ..stores.base import Event, History, Inspect, JobState, LockInfo, Store
+from ..stores.base import Event, History, Inspect, JobState, LockInfo
 from .target import Target
 
 #: What each kind of entry says, given its job and details.
@@ -38,7 +38,32 @@ FINISHED = {
     "not_holder": "finished: {job} ended; the key was no longer its own",
 }
 #: Entries after which the key is still held: if nothing holds it now, a ttl or lease lapsed.
-HOLDING = {"accepted", "deduplicated", "started", "waited", "retrying"}
+HOLDING = {"accepted", "deduplicated", "superseded", "started", "waited", "retrying"}
+#: The lines for a lock's duplicates, by what they did: one duplicate (its id), several (their
+#: number and the last one's id), given the holder. ``debounced``: folded into a burst's one
+#: run; ``superseded``: their arguments replaced the queued holder's; ``cancel_requested``:
+#: they asked the running holder to stop. The last one's arguments are those that ran next.
+DUPLICATES = {
+    "deduplicated": (
+        "deduplicated: {who} was answered with {holder}",
+        "deduplicated: {count} submissions were answered with {holder}{last}",
+    ),
+    "debounced": (
+        "debounced: {who} was debounced onto {holder}, which ran with its arguments",
+        "debounced: {count} submissions were debounced onto {holder}{last}; it ran with the"
+        " last one's arguments",
+    ),
+    "superseded": (
+        "superseded: {holder}'s arguments were superseded by those of {who}, which it ran with",
+        "superseded: {holder}'s arguments were superseded by {count} newer submissions{last};"
+        " it ran with the last one's",
+    ),
+    "cancel_requested": (
+        "cancel requested: {who} asked {holder} to stop while it ran; one run followed it",
+        "cancel requested: {count} submissions asked {holder} to stop while it ran{last}; one"
+        " run, with the last one's arguments, followed it",
+    ),
+}
 #: When no entry is left to tell.
 NOTHING = (
     "  (nothing unusual recorded in the last day: a job that ran and ended as it should leaves"
@@ -76,12 +101,13 @@ def explain(target: Target, key: str, as_json: bool) -> None:
     if as_json:
         now = None if info is None else {"job_id": info.job_id, "state": info.state,
                                           "duplicates": info.duplicates,
-                                          "last_duplicate": info.last_duplicate}  # fmt: skip
+                                          "last_duplicate": info.last_duplicate,
+                                          "stop_requested": info.stop_requested}  # fmt: skip
         entries = [{"at_ms": e.at_ms, "what": e.what, "job_id": e.job_id,
                     "detail": list(e.detail), "says": says(e)} for e in events]  # fmt: skip
         click.echo(json.dumps({"key": key, "now": now, "history": entries}))
         return
-    click.echo(f"key {key}: {_now(target.store, key, info, kept)}")
+    click.echo(f"key {key}: {_now(target, key, info, kept)}")
     for e in events:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000))
         click.echo(f"  {stamp}.{e.at_ms % 1000:03d}  {says(e)}")
@@ -103,21 +129,20 @@ def _ordinary(info: LockInfo | None) -> list[Event]:
     return told
 
 
-def _deduplicated(e: Event) -> str:
-    """One line for the duplicates a lock answered: how many, and the last one (its job id, or
-    none when it was asked before a job id was made)."""
+def _duplicates(e: Event) -> str:
+    """One line for the duplicates a lock answered: what they did, how many, and the last one
+    (its job id, or none when it was asked before a job id was made)."""
     holder = e.detail[0] if e.detail else "?"
     count = int(e.detail[1]) if len(e.detail) > 1 and e.detail[1].isdigit() else 1
-    if count == 1:
-        who = "a submission" if e.job_id == "-" else f"the submission {e.job_id}"
-        return f"deduplicated: {who} was answered with {holder}"
+    one, several = DUPLICATES[e.what]
+    who = "a submission" if e.job_id == "-" else f"the submission {e.job_id}"
     last = "" if e.job_id == "-" else f" (the last: {e.job_id})"
-    return f"deduplicated: {count} submissions were answered with {holder}{last}"
+    return (one if count == 1 else several).format(who=who, holder=holder, count=count, last=last)
 
 
 def says(e: Event) -> str:
-    if e.what == "deduplicated":
-        return _deduplicated(e)
+    if e.what in DUPLICATES:
+        return _duplicates(e)
     if e.what == "finished":
         template = FINISHED.get(e.detail[0] if e.detail else "", "finished: {job}")
     else:
@@ -133,28 +158,38 @@ def due_in(due_ms: int) -> float:
     return max(0.0, due_ms / 1000 - time.time())
 
 
-def _answered(info: LockInfo) -> str:
+def _answered(info: LockInfo, supersedes: bool) -> str:
     """The duplicates the holder answered so far (counted on its lock: the history gets them
-    in one line when the lock ends)."""
+    in one line when the lock ends), and what they did to it. ``supersedes``: its task's
+    policy is ``on_conflict="supersede"``."""
     if not info.duplicates:
         return ""
-    plural = "" if info.duplicates == 1 else "s"
+    n = info.duplicates
+    plural = "" if n == 1 else "s"
     last = info.last_duplicate
     told = "" if not last or last == "-" else f", the last {last}"
-    return f"; it answered {info.duplicates} duplicate{plural} so far{told}"
+    if info.due_ms is not None:
+        return f"; {n} submission{plural} debounced onto it so far{told}"
+    if info.stop_requested:
+        return f"; cancel requested by {n} submission{plural}{told}: its run follows this one"
+    if supersedes and info.state == "queued":
+        return f"; superseded by {n} newer submission{plural}{told}, whose arguments it runs"
+    return f"; it answered {n} duplicate{plural} so far{told}"
 
 
-def _now(store: Store, key: str, info: LockInfo | None, events: list[Event]) -> str:
+def _now(target: Target, key: str, info: LockInfo | None, events: list[Event]) -> str:
+    store = target.store
     if info is not None:
         where = f" on {info.worker}" if info.worker else ""
         now = f"{info.state}, held by {info.job_id}{where} ({info.task or 'task unknown'})"
         if info.due_ms is not None and info.state == "queued":  # debounce
             now += f"; its run is due in {due_in(info.due_ms):.1f}s"
-        return now + _answered(info)
+        tp = target.policies.get(info.task or "")
+        return now + _answered(info, tp is not None and tp.policy.on_conflict == "supersede")
     if not events or events[0].what not in HOLDING:
         return "free"
     last = events[0]
-    holder = last.detail[0] if last.what in ("deduplicated", "waited") else last.job_id
+    holder = last.detail[0] if last.what in {*DUPLICATES, "waited"} else last.job_id
     if store.run(JobState(key, holder)) == "finished":  # its end is not written: it is usual
         return f"free: {holder} ran and finished"
     return "free: its ttl or lease ran out after the last decision (expired)"

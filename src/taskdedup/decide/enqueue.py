@@ -82,7 +82,7 @@ def plan_enqueue(
             return Ticket("skipped", job_id, None)
         note(
             "enqueue",
-            "would_deduplicate" if dry else "duplicate",
+            "would_deduplicate" if dry else duplicate_outcome(tp, reply),
             logging.DEBUG if quiet and not dry else logging.INFO,
             task,
             key=key,
@@ -108,6 +108,22 @@ def plan_enqueue(
         waits=None if dry else holder_pending,
         again=dataclasses.replace(op, record_duplicate=False, payload=None),
     )
+
+
+def duplicate_outcome(tp: TaskPolicy, reply: AcquireReply) -> str:
+    """What a duplicate did, as its decision's outcome (each counted and signalled as its own
+    kind): ``debounced`` (folded into the burst's one run, which moves), ``superseded`` (its
+    arguments replace those of the holder still queued), ``cancel_requested`` (the running
+    holder is asked to stop; the duplicate's run follows it), else ``duplicate``."""
+    p = tp.policy
+    if p.strategy == "debounce":
+        return "debounced"
+    if p.on_conflict == "supersede":
+        if not reply.running:
+            return "superseded"
+        if p.running == "cancel":
+            return "cancel_requested"
+    return "duplicate"
 
 
 def plan_held(

@@ -55,6 +55,7 @@ class AcquireReply:
     fence: int
     duplicates: int
     pending: bool = False  # the holder's publish is not confirmed yet: it may still fail
+    running: bool = False  # the holder runs (a supersede duplicate then owes a run, or stops it)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -120,6 +121,7 @@ class LockInfo:
     started_ms: int | None = None  # when the holder's latest run began (the store's clock)
     last_duplicate: str | None = None  # the latest duplicate's job id ('-': none was made)
     due_ms: int | None = None  # debounce: when the holder's run is due (the store's clock)
+    stop_requested: bool = False  # running="cancel": a newer submission asked it to stop
 
 
 # ---------------------------------------------------------------- operations

@@ -17,11 +17,15 @@ def remember_event(r: Records, key: str, what: str, job_id: str, *detail: object
     r.put(name, {"v": [entry, *entries][:HISTORY_SIZE]}, r.now + HISTORY_MS)
 
 
-def note_duplicates(r: Records, key: str, lock: dict[str, object]) -> None:
+def note_duplicates(
+    r: Records, key: str, lock: dict[str, object], what: str = "deduplicated"
+) -> None:
     """The duplicates a holder's lock answered, written once as the lock ends (lib.lua's
-    note_duplicates): how many, and the last one's id ('-' when none was made)."""
+    note_duplicates): how many, and the last one's id ('-' when none was made). ``what`` names
+    what they did when it was more than being answered: ``debounced``, ``superseded``,
+    ``cancel_requested``."""
     if lock.get("d"):
-        remember_event(r, key, "deduplicated", str(lock.get("l") or "-"), lock["j"], lock["d"])
+        remember_event(r, key, what, str(lock.get("l") or "-"), lock["j"], lock["d"])
 
 
 def remember_claim(r: Records, key: str, job_id: str, reply: ClaimReply) -> ClaimReply:

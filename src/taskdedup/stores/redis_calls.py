@@ -336,7 +336,8 @@ def parse_peek(r: Any) -> AcquireReply | None:
 
 def parse_acquire(r: Any) -> AcquireReply:
     state, fence, dups, holder = as_text(r).split(" ", 3)
-    return AcquireReply(state == "1", holder, int(fence), int(dups), pending=state == "p")
+    running = state == "r"
+    return AcquireReply(state == "1", holder, int(fence), int(dups), state == "p", running)
 
 
 def parse_claim(r: Sequence[Any]) -> ClaimReply:
@@ -366,6 +367,7 @@ def parse_info(key: str, r: Sequence[Any]) -> LockInfo | None:
     began = r[12] if len(r) > 12 else None
     last = as_text(r[13]) if len(r) > 13 and r[13] else None
     due = int(r[14]) if len(r) > 14 and r[14] else None
+    stop = bool(len(r) > 15 and r[15])
     run_holder = as_text(run_job) if run_job else None
     shown = (  # task, since_ms, worker, attempts, started_ms: what the tools show
         as_text(task) if task else None,
@@ -390,4 +392,5 @@ def parse_info(key: str, r: Sequence[Any]) -> LockInfo | None:
         *shown,
         last_duplicate=last,
         due_ms=due,
+        stop_requested=stop,
     )

@@ -73,9 +73,8 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
             count_duplicate(lock, op.job_id, op.payload, due)
             if op.cancel and lock["s"] == "r":  # the running holder is asked to stop
                 lock["x"] = 1
-        return AcquireReply(
-            False, lock["j"], lock["f"], lock["d"], pending=lock["s"] == "q" and lock["c"] == 0
-        )
+        pending = lock["s"] == "q" and lock["c"] == 0
+        return AcquireReply(False, lock["j"], lock["f"], lock["d"], pending, lock["s"] == "r")
     fence = r.next_fence(None)
     confirmed = 1 if op.grace_ms >= op.ttl_ms else 0
     fields = {"j": op.job_id, "s": "q", "f": fence, "d": 0, "e": r.now + op.ttl_ms}
@@ -158,7 +157,8 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
     if lock is not None and lock["j"] == op.job_id and fence is None:
         fence = lock["f"]
         if op.lock == "hold" and latest is not None:  # supersede: the duplicates so far are
-            note_duplicates(r, op.key, lock)  # consumed; one while it runs owes its own run
+            note_duplicates(r, op.key, lock, "superseded")  # consumed; one while it runs owes
+            # its own run
             lock.pop("p", None)
             lock.pop("l", None)
             lock.update(s="r", c=1, d=0)
@@ -167,7 +167,7 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
             lock["s"], lock["c"] = "r", 1  # it was published: it runs
             r.expire(lock_name, r.now + op.lease_ms)
         elif op.lock == "release":
-            note_duplicates(r, op.key, lock)
+            note_duplicates(r, op.key, lock, "debounced" if "u" in lock else "deduplicated")
             if lock["d"] > 0 and op.handoff_job_id:
                 handoff = hand_off(r, op.key, lock, op.handoff_job_id, op.ttl_ms, op.grace_ms)
             else:
@@ -272,7 +272,7 @@ def finish(op: Finish, r: Records) -> FinishReply:
     lock = r.get(lock_name)
     if lock is None or lock["j"] != op.job_id:
         return FinishReply(False)
-    note_duplicates(r, op.key, lock)
+    note_duplicates(r, op.key, lock, "cancel_requested" if lock.get("x") else "deduplicated")
     if lock["d"] > 0 and op.handoff_job_id:
         handoff = hand_off(r, op.key, lock, op.handoff_job_id, op.ttl_ms, op.grace_ms)
         remember_event(r, op.key, "finished", op.job_id, "rescheduled", op.handoff_job_id)
@@ -378,6 +378,7 @@ def info(r: Records, key: str) -> LockInfo | None:
         *shown,
         last_duplicate=lock.get("l"),
         due_ms=lock.get("u"),
+        stop_requested=bool(lock.get("x")),
     )
 
 

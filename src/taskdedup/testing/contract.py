@@ -567,6 +567,8 @@ def test_a_debounced_burst_runs_once_when_quiet_with_its_latest_arguments(h: Har
     assert h.store.run(JobState(k, "A")) == "none"  # nothing written: it did not start
     ran = h.after(0.3, lambda: started(h, claim(k, "A", "release", run_lock=True, latest=True)))
     assert ran.arguments == "args-2"
+    told = h.store.run(History(k))  # (explain: "3 submissions were debounced onto A")
+    assert [(e.what, e.job_id, e.detail) for e in told] == [("debounced", "B2", ("A", "3"))]
     nxt = h.store.run(debounced(k, "C", 300, 30_000))  # while A runs: the next burst
     assert nxt.acquired
     busy = h.after(
@@ -647,6 +649,8 @@ def test_supersede_runs_the_queued_job_with_the_latest_arguments_then_owes_one_r
     assert ran.outcome == "run" and ran.arguments == "c"
     info = h.store.run(Inspect(k))
     assert info is not None and info.duplicates == 0  # consumed by the run
+    told = [(e.what, e.job_id, e.detail) for e in h.store.run(History(k))]
+    assert told == [("superseded", "C", ("A", "2"))]  # (explain: "superseded by ... C")
     quiet = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="H"))
     assert quiet.released and quiet.handoff is None  # nothing came while it ran
     h.store.run(acquire(k, "A2"))
@@ -686,11 +690,18 @@ def test_a_submission_asks_a_running_superseded_job_to_stop_through_its_renewals
     assert h.store.run(claim(k, "A", "hold", latest=True)).arguments == "q"
     lease = Lease(k, "A", 30_000)
     assert h.store.run(Heartbeat((lease,))) == (RENEWED,)
-    h.store.run(acquire(k, "N", payload="n", cancel=True))  # while A runs
+    asked = h.store.run(acquire(k, "N", payload="n", cancel=True))  # while A runs
+    assert asked.holder == "A" and asked.running  # (its decision: cancel_requested)
     assert h.store.run(Heartbeat((lease,))) == (SUPERSEDED,)
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.stop_requested and info.last_duplicate == "N"
     done = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="H"))
     assert done.handoff is not None and done.handoff.job_id == "H"
     assert done.handoff.payload == "n"
+    told = [(e.what, e.job_id, e.detail) for e in h.store.run(History(k))]
+    assert ("cancel_requested", "N", ("A", "1")) in told
+    info = h.store.run(Inspect(k))
+    assert info is not None and info.job_id == "H" and not info.stop_requested
     h.store.run(claim(k, "H", "hold", latest=True))
     assert h.store.run(Heartbeat((Lease(k, "H", 30_000),))) == (RENEWED,)
 

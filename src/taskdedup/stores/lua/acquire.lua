@@ -11,7 +11,8 @@
 -- The push is the first write, so if it fails (a key of the wrong type) nothing is written.
 -- Reply: one string "<state> <fence> <duplicates> <holder>" (cheaper to read than an array);
 -- state 1 = ours, 0 = another job's, p = another job's whose publish is not confirmed yet (it
--- may still fail and free the key: the caller asks again rather than answer with it).
+-- may still fail and free the key: the caller asks again rather than answer with it), r =
+-- another job's that runs (what a supersede duplicate did depends on it).
 -- Cost (counted by tests/test_store_work.py): a new key is HMGET, TIME, HSET, PEXPIRE; a
 -- duplicate is HMGET and HSET (its second also checks the ttl; a debounced one reads TIME).
 local n = #ARGV
@@ -56,7 +57,7 @@ if lock[1] then
     if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
   end
   local state = '0'
-  if lock[4] == 'q' and lock[5] == '0' then state = 'p' end
+  if lock[4] == 'q' and lock[5] == '0' then state = 'p' elseif lock[4] == 'r' then state = 'r' end
   return state .. ' ' .. lock[2] .. ' ' .. dups .. ' ' .. lock[1]
 end
 if KEYS[2] then redis.call('LPUSH', KEYS[2], message) end

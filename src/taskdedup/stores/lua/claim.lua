@@ -84,7 +84,8 @@ if ARGV[15] == '1' and not latest then latest = rec[10] or false end
 if lock[1] == job then
   fence = lock[2]
   if ARGV[5] == 'hold' and latest then  -- supersede: the duplicates so far are consumed; one
-    note_duplicates(KEYS[1], job, lock[3], lock[5])  -- while it runs owes a run of its own
+    note_duplicates(KEYS[1], job, lock[3], lock[5], 'superseded')  -- while it runs owes a
+    -- run of its own
     redis.call('HDEL', KEYS[1], 'p', 'l')
     redis.call('HSET', KEYS[1], 's', 'r', 'c', '1', 'd', '0')
     redis.call('PEXPIRE', KEYS[1], lease)
@@ -92,7 +93,7 @@ if lock[1] == job then
     redis.call('HSET', KEYS[1], 's', 'r', 'c', '1')  -- it was published: it runs
     redis.call('PEXPIRE', KEYS[1], lease)
   elseif ARGV[5] == 'release' then
-    note_duplicates(KEYS[1], job, lock[3], lock[5])
+    note_duplicates(KEYS[1], job, lock[3], lock[5], lock[6] and 'debounced' or nil)
     if tonumber(lock[3]) > 0 and ARGV[10] ~= '' then
       handoff = ARGV[10]
       payload = hand_off(KEYS[1], handoff, ttl, tonumber(ARGV[11]))

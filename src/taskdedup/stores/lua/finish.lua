@@ -17,9 +17,9 @@ end
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 -- the run lock is looked at only when this run took it (or no record says whether it did)
 if rec[3] ~= '0' then release_if_holder(KEYS[2], job) end
-local lock = redis.call('HMGET', KEYS[1], 'j', 'd', 'e', 'l')
+local lock = redis.call('HMGET', KEYS[1], 'j', 'd', 'e', 'l', 'x')
 if lock[1] ~= job then return {'kept', '', false} end
-note_duplicates(KEYS[1], job, lock[2], lock[4])
+note_duplicates(KEYS[1], job, lock[2], lock[4], lock[5] and 'cancel_requested' or nil)
 if tonumber(lock[2] or '0') > 0 and ARGV[4] ~= '' then
   local payload = hand_off(KEYS[1], ARGV[4], tonumber(ARGV[7]), tonumber(ARGV[6]))
   remember_event(KEYS[1], 'finished', job, 'rescheduled', ARGV[4])

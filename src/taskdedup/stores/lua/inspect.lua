@@ -2,7 +2,7 @@
 -- the tools show (task, since when, and the holder's worker and attempts from its job record,
 -- which shares the key's hash slot: ``<prefix>:{key}:job:<job id>``).
 -- KEYS: lock, run
-local lock = redis.call('HMGET', KEYS[1], 'j', 's', 'f', 'd', 'c', 't', 'a', 'l', 'u')
+local lock = redis.call('HMGET', KEYS[1], 'j', 's', 'f', 'd', 'c', 't', 'a', 'l', 'u', 'x')
 local run = redis.call('HMGET', KEYS[2], 'j', 't', 'a')
 local holder = lock[1] or run[1]
 local rec = {false, false, false}
@@ -12,4 +12,4 @@ if holder then
 end
 return {lock[1], lock[2], lock[3], lock[4], lock[5], redis.call('PTTL', KEYS[1]),
   run[1], redis.call('PTTL', KEYS[2]), lock[6] or run[2], lock[7] or run[3], rec[1], rec[2],
-  rec[3], lock[8], lock[9]}
+  rec[3], lock[8], lock[9], lock[10]}

@@ -82,10 +82,13 @@ end
 
 -- The duplicates a holder's lock answered, written once to the key's history as the lock ends
 -- (freed at the start of its run, at its end, by a release or an operator, or handed on):
--- "<ms> deduplicated <last duplicate> <holder> <count>". Nothing when it answered none.
-local function note_duplicates(lock_key, holder, dups, last)
+-- "<ms> <what> <last duplicate> <holder> <count>". Nothing when it answered none. ``what`` is
+-- 'deduplicated', or what the duplicates did: 'debounced' (folded into a burst's one run),
+-- 'superseded' (their arguments replaced the queued holder's), 'cancel_requested' (they asked
+-- the running holder to stop).
+local function note_duplicates(lock_key, holder, dups, last, what)
   if dups and dups ~= '0' then
-    remember_event(lock_key, 'deduplicated', last or '-', holder, dups)
+    remember_event(lock_key, what or 'deduplicated', last or '-', holder, dups)
   end
 end
 

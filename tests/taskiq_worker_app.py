@@ -228,3 +228,29 @@ async def behind(name: str) -> None:
     """A job of another task, queued behind a superseded one: notes when it ran."""
     marks.rpush(f"{PREFIX}:mark:order:{name}", "other")
     marks.expire(f"{PREFIX}:mark:order:{name}", 600)
+
+
+@broker.task(
+    task_name="sub.exporting_sync",
+    deduplicate={
+        "strategy": "until_executed",
+        "on_conflict": "supersede",
+        "running": "cancel",
+        "lease": 1.5,
+        "keys": ["name"],
+    },
+)
+def exporting_sync(name: str, version: int) -> int:
+    """``exporting`` as a sync task (taskiq runs it in its thread pool)."""
+    from taskdedup import raise_if_superseded
+
+    marks.rpush(f"{PREFIX}:mark:seen:{name}", f"start {version} {time.time()}")
+    marks.expire(f"{PREFIX}:mark:seen:{name}", 600)
+    try:
+        deadline = time.monotonic() + (30 if version == 1 else 0)
+        while time.monotonic() < deadline:
+            raise_if_superseded()
+            time.sleep(0.05)
+    finally:
+        marks.rpush(f"{PREFIX}:mark:seen:{name}", f"end {version} {time.time()}")
+    return version

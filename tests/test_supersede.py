@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from celery.contrib.testing.worker import start_worker
 
 from harness import wait_for
@@ -133,7 +134,9 @@ def test_celery_cancel_in_progress_stops_a_cooperative_run_and_the_next_starts_a
     assert [v for what, v, _ in seen if what == "start"] == [1, 2]
 
 
+@pytest.mark.parametrize("task", ["exporting", "exporting_sync"])
 def test_taskiq_cancel_in_progress_stops_a_cooperative_run_and_the_next_starts_after_it(
+    task: str,
     taskiq_app: Any,  # noqa: F811
     taskiq_start: Any,  # noqa: F811
     redis_url: str,
@@ -155,10 +158,10 @@ def test_taskiq_cancel_in_progress_stops_a_cooperative_run_and_the_next_starts_a
         return [(w, int(v), float(t)) for w, v, t in (e.decode().split() for e in raw)]
 
     async def body() -> float:
-        await app.exporting.kiq("x", 1)
+        await getattr(app, task).kiq("x", 1)
         await asyncio.to_thread(wait_for, lambda: seen(), 20, "the first run")
         asked = time.time()
-        newer = await app.exporting.kiq("x", 2)
+        newer = await getattr(app, task).kiq("x", 2)
         assert newer.deduplicated
         return asked
 

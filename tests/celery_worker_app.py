@@ -220,7 +220,12 @@ def revoke_survivor(name: str, seconds: float) -> str:
 @deduplicate("debounce", delay=1, max_wait=3, lease=5, keys=["name"])
 @app.task(name="sub.debounced_job", shared=False)
 def debounced_job(name: str, n: int, seconds: float = 0.0) -> int:
-    """Notes each run (its n, when it began, how many runs of the name were going on then)."""
+    """Notes each run (its n, when it began, how many runs of the name were going on then)
+    and, apart, its job id."""
+    from celery import current_task
+
+    marks.rpush(f"{PREFIX}:mark:jobs:{name}", current_task.request.id)
+    marks.expire(f"{PREFIX}:mark:jobs:{name}", 600)
     return _noted_run(name, n, seconds)
 
 

@@ -153,3 +153,66 @@ def test_a_worker_killed_mid_run_of_a_debounced_job_lets_the_next_burst_run_once
     assert [n for n, _, _ in seen] == [0, 5]  # the killed run, then the next burst's last
     assert seen[1][1] - killed <= 5 + 1 + 5  # within lease + delay + a few seconds
     stays(lambda: len(runs(client, key_prefix, "k9")) == 2)  # and only once
+
+
+def test_a_store_outage_during_a_burst_loses_no_submission_and_runs_nothing_twice(
+    start: Callable[..., WorkerProcess],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    """The store stalls (SIGSTOP) in the middle of a burst, with on_store_error="enqueue".
+    The submissions it cannot answer are published as they are (G5: a missed fold, never lost
+    work); the burst's job, due meanwhile, waits in the broker rather than run unguarded (G14).
+    Once the store answers: the burst's job runs once, no job runs twice, the last
+    submission's arguments run, every submission is covered by a run that began after it with
+    its or later arguments, and no two runs of the key overlap. Only the arguments of a
+    submission whose call timed out may run twice: the stalled store still applies the call
+    when it wakes (folding them into the burst) while they also went out as a job of their
+    own; that is the missed fold G5 allows, never at the same time."""
+    from redis_server import PrivateRedis
+
+    store = PrivateRedis().start()
+    try:
+        env = {"TD_STORE_URL": store.url + "?socket_timeout=1", "TD_ON_STORE_ERROR": "enqueue"}
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        app = request.getfixturevalue("worker_env")
+        worker = start(**env)
+        wait_for(lambda: worker.mark("ready"), 60, "the prefork worker to start")
+        client = redis.Redis.from_url(redis_url)
+        sent: list[tuple[int, float, Any]] = []
+
+        def submit(n: int) -> None:
+            sent.append((n, time.time(), app.debounced_job.delay("out", n)))
+            time.sleep(0.05)
+
+        for n in range(5):  # the burst begins: one job
+            submit(n)
+        store.pause()
+        for n in range(5, 8):  # the store does not answer: published as they are
+            submit(n)
+        time.sleep(1.5)  # (the burst's job comes due meanwhile: it must wait for the store)
+        resumed = time.time()
+        store.resume()
+        for n in range(8, 10):  # the store answers again
+            submit(n)
+        wait_for(lambda: 9 in [n for n, _, _ in runs(client, key_prefix, "out")], 30, "n=9")
+        stays(lambda: len({h.id for _, _, h in sent}) >= len(runs(client, key_prefix, "out")))
+        seen = runs(client, key_prefix, "out")
+        jobs = [job.decode() for job in client.lrange(f"{key_prefix}:mark:jobs:out", 0, -1)]
+        assert len(jobs) == len(set(jobs)) and sent[0][2].id in jobs, jobs  # each job once
+        numbers = [n for n, _, _ in seen]
+        twice = {n for n in numbers if numbers.count(n) > 1}
+        assert twice <= {5, 6, 7}, seen  # only a timed-out call's arguments (see above)
+        assert all(active == 1 for _, _, active in seen), seen  # never two runs at once
+        assert all(began >= resumed for _, began, _ in seen), seen  # none ran unguarded
+        for n, at, _ in sent:  # nothing lost: a run began after it, with its or later arguments
+            assert any(m >= n and began >= at for m, began, _ in seen), (n, seen)
+        unguarded = [h for n, _, h in sent if 5 <= n < 8]
+        assert not any(getattr(h, "deduplicated", False) for h in unguarded)
+        client.close()
+    finally:
+        store.resume()
+        store.stop()

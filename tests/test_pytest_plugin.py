@@ -107,6 +107,19 @@ def test_check_policies_names_each_problem(taskdedup_install: Any) -> None:
         check_policies(short)
     assert "policies.long" in check_policies(short, ignore=["visibility"])
 
+    quiet = Celery("debounce-visibility", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    quiet.conf.broker_transport_options = {"visibility_timeout": 30}
+    taskdedup_install(quiet)
+
+    @deduplicate("debounce", delay=40, max_wait=120, lease=5)
+    @quiet.task(name="policies.reindex", acks_late=True, shared=False)
+    def reindex() -> None: ...
+
+    # its delivery is held back until the run is due (up to the delay): the broker would
+    # deliver it again meanwhile
+    with pytest.raises(AssertionError, match=r"and its debounce delay \(40s\)"):
+        check_policies(quiet)
+
 
 def test_a_memory_store_kept_across_tests_can_be_emptied() -> None:
     from taskdedup import Deduplicator, MemoryStore, Policy

@@ -145,12 +145,14 @@ def _celery(target: Target) -> Iterator[Finding]:
                 "does not deliver it again); its key frees after the lease. Set acks_late=True "
                 "(with task_reject_on_worker_lost) to have it run again",
             )
-        if visibility is not None and (limit or 0) + p.lease_seconds + 1 > visibility:
+        held = p.debounce_ms[0] / 1000  # debounce: a delivery held back until its run is due
+        if visibility is not None and held + (limit or 0) + p.lease_seconds + 1 > visibility:
+            also = f" and its debounce delay ({held:g}s)" if held else ""
             yield Finding(
                 "error",
                 "visibility",
                 f"{name}: the broker's visibility_timeout ({visibility}s) is shorter than the "
-                f"task's time limit plus its lease ({limit or 0}s + {p.lease_seconds:g}s): the "
-                "broker delivers a running job again, and each copy is sent back; raise "
-                "broker_transport_options['visibility_timeout']",
+                f"task's time limit plus its lease ({limit or 0}s + {p.lease_seconds:g}s){also}"
+                ": the broker delivers a held or running job again, and each copy is sent back; "
+                "raise broker_transport_options['visibility_timeout']",
             )

@@ -44,6 +44,7 @@ def parse(argv: list[str] | None) -> Options:
 
 def summary(report: dict[str, Any]) -> list[str]:
     t, o, u, h = report["totals"], report["overlaps"], report["unfinished"], report["held"]
+    a, b, n_ = report["latest_arguments"], report["one_run_per_burst"], report["newest_ran"]
     lines = [
         f"submissions: {t['submissions']} (accepted {t['accepted_fresh']}, deduplicated "
         f"{t['deduplicated']}, refused with an error {t['refused_with_error']} "
@@ -75,6 +76,29 @@ def summary(report: dict[str, Any]) -> list[str]:
         f"in the transport, {h['held_by_revoked_jobs_whose_release_died_with_its_worker']} by "
         f"revoked jobs whose worker was killed while the store could not take their release)",
         f"revoked/expired keys still held: {h['revoked_count']}",
+        "",
+        "newest wins: "
+        + "; ".join(
+            f"{task}: {n['submissions']} submissions ({n['deduplicated']} deduplicated), "
+            f"{n['runs']} runs {n['outcomes']}"
+            for task, n in t["newest_wins"].items()
+        ),
+        f"runs not of the latest arguments: {a['count']}  (examined {a['runs_examined']} runs "
+        f"{a['runs_examined_by_task']}, {a['handoff_runs_examined']} of them hand-offs, "
+        f"{a['retry_runs_examined']} retries; set apart, having met a store outage: "
+        f"{a['set_apart_store_fault']})",
+        f"debounce bursts not run once: {b['count']}  (examined {b['runs_examined']} runs of "
+        f"{b['jobs_examined']} bursts: run twice {b['jobs_run_twice']}, runs of job ids no "
+        f"producer got {b['runs_of_jobs_no_producer_got']}, seqs run under two jobs "
+        f"{b['seqs_run_under_two_jobs']}, started before due {b['runs_before_due']}, "
+        f"bursts of a key started within the delay {b['bursts_started_within_delay']} of "
+        f"{b['burst_pairs_compared']} pairs; start after due {b['start_after_due_s']}; set "
+        f"apart, having met a store outage: {b['set_apart_store_fault']} bursts, "
+        f"{b['burst_pairs_set_apart_store_fault']} pairs)",
+        f"submissions whose arguments (or newer) never ran: {n_['count']}  (examined "
+        f"{n_['submissions_examined']}; excused, revoked or lost in transport: "
+        f"{n_['excused_revoked_or_lost_in_transport']}; set apart, having met a store "
+        f"outage: {n_['set_apart_store_fault']})",
     ]
     return lines
 
@@ -91,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         ("never finished", report["unfinished"]["samples"]),
         ("lost in transport", report["unfinished"]["lost_in_transport_samples"]),
         ("still held", report["held"]["samples"]),
+        ("not the latest arguments", report["latest_arguments"]["samples"]),
+        ("burst not run once", report["one_run_per_burst"]["samples"]),
+        ("never ran, nor anything newer", report["newest_ran"]["samples"]),
     ):
         for sample in samples[:3]:
             print(f"  sample {section}: {json.dumps(sample, default=str)}")

@@ -10,6 +10,12 @@ Tasks: one per strategy, all keyed on ``name`` only, lease 2 s (kills are recove
 delivered again, as at-least-once users configure it). ``behavior`` decides the outcome:
 ``ok``; ``flakyN`` raises a retryable error on its first N attempts (autoretry, max 3);
 ``fail`` raises a non-retryable error (a final failure).
+
+The newest-wins tasks (``chaos.debounce``, ``chaos.supersede``, ``chaos.supersede_cancel``)
+take a ``seq`` too, unique to each submission, which the start record keeps: the worker swaps
+in the latest submission's arguments, so the seq tells whose arguments ran. The cancel task's
+body works in small chunks and stops at the first checkpoint where a newer submission asked it
+to (``raise_if_superseded``), its end record's outcome ``superseded``.
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ from typing import Any
 import redis
 from celery import Celery, signals
 
+import taskdedup
 from taskdedup.celery import deduplicate, install
 
 from .config import (
     ACKED,
+    DEBOUNCE_DELAY,
+    DEBOUNCE_MAX_WAIT,
     GRACE,
     HELD,
     LEASE,
@@ -186,8 +195,17 @@ def received(request: Any = None, **_: object) -> None:
         records.hincrby(RECEIVED, request.id, 1)
 
 
-def body(task: Any, name: str, behavior: str, seconds: float) -> str:
-    """Record the start, work for ``seconds``, record the end with its outcome."""
+def body(
+    task: Any,
+    name: str,
+    behavior: str,
+    seconds: float,
+    seq: str | None = None,
+    checkpoints: bool = False,
+) -> str:
+    """Record the start, work for ``seconds``, record the end with its outcome. ``seq``: the
+    submission whose arguments this run has (newest-wins tasks). ``checkpoints``: work in
+    chunks of 50 ms and stop (outcome ``superseded``) once a newer submission asked to."""
     request = task.request
     run = uuid.uuid4().hex
     pid = os.getpid()
@@ -203,11 +221,26 @@ def body(task: Any, name: str, behavior: str, seconds: float) -> str:
         "pid": pid,
         "t": time.time(),
     }
+    if seq is not None:
+        start["seq"] = seq
     records.hset(RUNNING, str(pid), request.id)
     records.rpush(RUNS, json.dumps(start))
-    time.sleep(seconds)
+    stopped: Exception | None = None
+    if checkpoints:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            try:
+                taskdedup.raise_if_superseded()
+            except taskdedup.Superseded as exc:
+                stopped = exc
+                break
+            time.sleep(min(0.05, max(until - time.monotonic(), 0.0)))
+    else:
+        time.sleep(seconds)
     attempt = request.retries or 0
-    if behavior.startswith("flaky") and attempt < int(behavior[5:]):
+    if stopped is not None:
+        outcome, error = "superseded", stopped
+    elif behavior.startswith("flaky") and attempt < int(behavior[5:]):
         outcome, error = "retry", Flaky(f"{name} attempt {attempt}")
     elif behavior == "fail":
         outcome, error = "fail", Broken(name)
@@ -266,9 +299,39 @@ def until_executing(self: Any, name: str, behavior: str = "ok", seconds: float =
     return body(self, name, behavior, seconds)
 
 
+#: the newest-wins tasks: no countdown for debounce (its run's time is the burst's, not a
+#: message's), so including_scheduled is left out there
+NEWEST: dict[str, Any] = {"lease": LEASE, "ttl": TTL, "keys": ["name"]}
+
+
+@deduplicate("debounce", delay=DEBOUNCE_DELAY, max_wait=DEBOUNCE_MAX_WAIT, **NEWEST)
+@app.task(name="chaos.debounce", **TASK_OPTIONS)
+def debounce(self: Any, name: str, seq: str, behavior: str = "ok", seconds: float = 0.1) -> str:
+    return body(self, name, behavior, seconds, seq)
+
+
+@deduplicate("until_executed", on_conflict="supersede", including_scheduled=True, **NEWEST)
+@app.task(name="chaos.supersede", **TASK_OPTIONS)
+def supersede(self: Any, name: str, seq: str, behavior: str = "ok", seconds: float = 0.1) -> str:
+    return body(self, name, behavior, seconds, seq)
+
+
+@deduplicate(
+    "until_executed", on_conflict="supersede", running="cancel", including_scheduled=True, **NEWEST
+)
+@app.task(name="chaos.supersede_cancel", **TASK_OPTIONS)
+def supersede_cancel(
+    self: Any, name: str, seq: str, behavior: str = "ok", seconds: float = 0.1
+) -> str:
+    return body(self, name, behavior, seconds, seq, checkpoints=True)
+
+
 TASKS = {
     "until_executed": until_executed,
     "until_and_while_executing": until_and_while_executing,
     "while_executing": while_executing,
     "until_executing": until_executing,
+    "debounce": debounce,
+    "supersede": supersede,
+    "supersede_cancel": supersede_cancel,
 }

@@ -8,12 +8,24 @@ not a pass.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import defaultdict
 from typing import Any
 
 SAMPLES = 8
 #: seconds: a message's publish is recorded just after it, a consumer's cut-off just after it
 CLOCK_SLACK = 0.5
+#: seconds around a store outage (stall or stop) within which a submission or a claim may have
+#: met it: the store timeout (1 s) and the clock slack. Under an outage taskdedup degrades to
+#: plain publishes (G5: no job lost, duplicates may slip through), so the newest-wins promises
+#: are demanded only of bursts that met none; those that did are set apart, and counted
+FAULT_MARGIN = 1.5
+#: seconds: a debounced run starts no earlier than its due time by the store's clock (the same
+#: machine's); this much is rounding (ms on the store)
+EARLY_SLACK = 0.05
+#: the outcomes of a run that ended for good (the body's end record): a success, a final
+#: failure, or a stop because a newer submission asked (running="cancel")
+FINAL = ("ok", "fail", "superseded")
 
 
 @dataclasses.dataclass
@@ -30,7 +42,8 @@ class Run:
     start: float
     end: float
     ended_by: str  # "end" (the body returned or raised), "kill", or "open" (neither)
-    outcome: str | None  # ok / retry / fail for ended runs
+    outcome: str | None  # ok / retry / fail / superseded for ended runs
+    seq: str | None = None  # newest-wins tasks: the submission whose arguments it ran
 
     def brief(self) -> dict[str, Any]:
         return {
@@ -41,6 +54,7 @@ class Run:
             "start": round(self.start, 3),
             "end": round(self.end, 3),
             "ended_by": self.ended_by,
+            **({"seq": self.seq} if self.seq is not None else {}),
         }
 
 
@@ -80,6 +94,7 @@ def build_runs(
                 stop,
                 how,
                 outcome,
+                e.get("seq"),
             )
         )
     return runs, tally
@@ -166,6 +181,13 @@ class Jobs:
             for start, end in self.store_outages
         )
 
+    def met_store_fault(self, lo: float, hi: float) -> bool:
+        """Whether a store outage (widened by FAULT_MARGIN) meets the span [lo, hi]."""
+        return any(
+            start - FAULT_MARGIN <= hi and lo <= end + FAULT_MARGIN
+            for start, end in self.store_outages
+        )
+
     def about(self, job: str | None) -> dict[str, Any]:
         if job is None:
             return {}
@@ -249,7 +271,7 @@ def unfinished(runs: list[Run], jobs: Jobs) -> dict[str, Any]:
     its end: success or final failure, recorded by the body. Excused: a job the worker dropped
     as revoked or expired (its result is REVOKED). Counted apart, and not against taskdedup:
     a job kombu published that no worker ever received (lost in the broker transport)."""
-    finished = {r.job for r in runs if r.ended_by == "end" and r.outcome in ("ok", "fail")}
+    finished = {r.job for r in runs if r.ended_by == "end" and r.outcome in FINAL}
     missing: list[dict[str, Any]] = []
     transport: list[dict[str, Any]] = []
     excused = 0
@@ -319,4 +341,297 @@ def still_held(
         "samples": samples[:SAMPLES],
         "revoked_count": len({h["digest"] for h in revoked_held}),
         "revoked_samples": revoked_held[:SAMPLES],
+    }
+
+
+# ---------------------------------------------------------------------- newest wins
+
+
+def _by_key(runs: list[Run], tasks: set[str]) -> dict[tuple[str, str], list[Run]]:
+    by_key: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for run in sorted(runs, key=lambda r: r.start):
+        if run.task in tasks:
+            by_key[(run.task, run.name)].append(run)
+    return by_key
+
+
+def _first_starts(runs: list[Run]) -> dict[str, float]:
+    first: dict[str, float] = {}
+    for run in runs:
+        first[run.job] = min(first.get(run.job, run.start), run.start)
+    return first
+
+
+def tainted_jobs(runs: list[Run], jobs: Jobs, tasks: set[str]) -> set[str]:
+    """The jobs of the newest-wins tasks whose key met a store outage while they lived.
+
+    A job lives from its first submission (or, a job no producer started, its first publish)
+    to its last run's end. A key's jobs whose lives overlap (CLOCK_SLACK allowed) form a busy
+    period; a period in which any job's life meets a store outage (FAULT_MARGIN allowed) is
+    tainted, every job in it too: a plain publish made during the outage runs later, maybe
+    long after it (a busy queue), and takes the key from the job then queued (G12: a job sent
+    without a lock runs first), so the arguments and bursts of every job around it follow
+    other rules until the key is quiet again."""
+    life: dict[str, list[float]] = {}
+    key_of: dict[str, tuple[str, str]] = {}
+
+    def live(job: str, key: tuple[str, str], lo: float, hi: float) -> None:
+        span = life.setdefault(job, [lo, hi])
+        span[0], span[1] = min(span[0], lo), max(span[1], hi)
+        key_of.setdefault(job, key)
+
+    for e in jobs.ledger:
+        if e["ev"] == "submit" and e["task"] in tasks and "job" in e:
+            live(e["job"], (e["task"], e["name"]), e["t"], e["t_done"])
+    for run in runs:
+        if run.task in tasks:
+            live(run.job, (run.task, run.name), run.start, run.end)
+    for job, t in jobs.messages.values():
+        if job in life:
+            live(job, key_of[job], t, t)
+    by_key: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for job, key in key_of.items():
+        by_key[key].append(job)
+    tainted: set[str] = set()
+    for key_jobs in by_key.values():
+        key_jobs.sort(key=lambda j: life[j][0])
+        period: list[str] = []
+        hi = float("-inf")
+        for job in [*key_jobs, None]:
+            if job is None or life[job][0] > hi + CLOCK_SLACK:
+                if any(jobs.met_store_fault(*life[j]) for j in period):
+                    tainted.update(period)
+                period, hi = [], float("-inf")
+            if job is not None:
+                period.append(job)
+                hi = max(hi, life[job][1])
+    return tainted
+
+
+def _seqs(jobs: Jobs) -> dict[str, dict[str, Any]]:
+    """seq -> the submission that carried it (answered or refused)."""
+    return {e["seq"]: e for e in jobs.ledger if e["ev"] == "submit" and "seq" in e}
+
+
+def latest_arguments(runs: list[Run], jobs: Jobs, tasks: set[str]) -> dict[str, Any]:
+    """Each run of a newest-wins job J ran the arguments (the seq) of a submission answered
+    with J, and no other submission answered with J lies wholly after that one (its ``t``
+    after the chosen one's ``t_done``) and wholly before the run's start (CLOCK_SLACK before
+    it): the latest submission the job could have seen. A run of a job no producer started
+    (supersede's hand-off, published by the worker when the job before it ended) takes its
+    candidates from the submissions answered with the job that ran before it on that key,
+    sent after that job's first start (the duplicates that owed one more run). A retry's run
+    (attempt > 0) is only checked to run a candidate's arguments. Runs whose span (their
+    candidates' first submission to the run's start) met a store outage are set apart."""
+    seqs = _seqs(jobs)
+    first = _first_starts(runs)
+    tainted = tainted_jobs(runs, jobs, tasks)
+    found: list[dict[str, Any]] = []
+    examined = handoffs = retries = set_apart = 0
+    by_task: dict[str, int] = defaultdict(int)
+    for (task, name), key_runs in _by_key(runs, tasks).items():
+        for run in key_runs:
+            candidates = [e for e in jobs.submits.get(run.job, []) if "seq" in e]
+            handoff = not any(not e["dedup"] for e in candidates)
+            before = None
+            if handoff:
+                earlier = [
+                    r for r in key_runs if r.job != run.job and first[r.job] < first[run.job]
+                ]
+                before = max(earlier, key=lambda r: first[r.job]).job if earlier else None
+                if before is not None:
+                    since = first[before] - CLOCK_SLACK
+                    owed = [
+                        e
+                        for e in jobs.submits.get(before, [])
+                        if "seq" in e and e["dedup"] and e["t"] >= since
+                    ]
+                    candidates = owed + candidates
+            if run.job in tainted or before in tainted:
+                set_apart += 1
+                continue
+            examined += 1
+            by_task[task] += 1
+            handoffs += handoff
+            retries += run.attempt > 0
+            chosen = seqs.get(run.seq or "")
+            problem = None
+            if chosen is None or all(e["seq"] != chosen["seq"] for e in candidates):
+                problem = "ran the arguments of no submission answered with its job"
+                if handoff and before is None:
+                    problem = "a job no producer started, with no job before it on its key"
+            elif run.attempt == 0:
+                newer = [
+                    e
+                    for e in candidates
+                    if e["t"] > chosen["t_done"] and e["t_done"] < run.start - CLOCK_SLACK
+                ]
+                if newer:
+                    problem = f"stale: {len(newer)} newer submission(s) came before it started"
+                    chosen = {**chosen, "newer": [e["seq"] for e in newer][:4]}
+            if problem is not None:
+                found.append(
+                    {
+                        "problem": problem,
+                        "task": task,
+                        "name": name,
+                        "run": run.brief(),
+                        "handoff_of": before,
+                        "chosen": chosen,
+                        "candidates": [(e["seq"], round(e["t"], 3)) for e in candidates][-6:],
+                        **jobs.about(run.job),
+                    }
+                )
+    return {
+        "count": len(found),
+        "runs_examined": examined,
+        "runs_examined_by_task": dict(by_task),
+        "handoff_runs_examined": handoffs,
+        "retry_runs_examined": retries,
+        "set_apart_store_fault": set_apart,
+        "samples": found[:SAMPLES],
+    }
+
+
+def one_run_per_burst(
+    runs: list[Run], jobs: Jobs, tasks: set[str], delay: float, max_wait: float
+) -> dict[str, Any]:
+    """Debounce: a burst (the submissions answered with one job id) runs once.
+
+    - no job id has two successful runs (a kill's re-delivery is a run cut short, a retry's
+      run follows a run that asked for it);
+    - no run belongs to a job id no producer was answered with (a duplicate gets no run of
+      its own), and no submission's seq ended successfully under two job ids;
+    - a burst's run starts no earlier than its due time: ``delay`` after the latest
+      submission answered with it that completed before the run (``max_wait`` after the
+      first, if sooner), by the store's clock, so never before the burst is over;
+    - two bursts of one key start at least ``delay`` apart (the next burst's first
+      submission comes after the previous job's claim), CLOCK_SLACK allowed.
+
+    Jobs (and pairs) of a key's busy period that met a store outage (:func:`tainted_jobs`)
+    are set apart, and counted."""
+    by_key = _by_key(runs, tasks)
+    first = _first_starts([r for key_runs in by_key.values() for r in key_runs])
+    tainted = tainted_jobs(runs, jobs, tasks)
+    late: list[float] = []  # first start after the burst's first submission, past max_wait
+    twice: list[dict[str, Any]] = []
+    orphans: list[dict[str, Any]] = []
+    early: list[dict[str, Any]] = []
+    close: list[dict[str, Any]] = []
+    seq_jobs: dict[str, set[str]] = defaultdict(set)
+    lags: list[float] = []
+    examined = jobs_examined = set_apart = pairs = pairs_apart = 0
+    for (task, name), key_runs in by_key.items():
+        job_runs: dict[str, list[Run]] = defaultdict(list)
+        for run in key_runs:
+            job_runs[run.job].append(run)
+            if run.ended_by == "end" and run.outcome == "ok" and run.seq:
+                seq_jobs[run.seq].add(run.job)
+        for job, its_runs in job_runs.items():
+            subs = jobs.submits.get(job, [])
+            if job in tainted:
+                set_apart += 1
+                continue
+            jobs_examined += 1
+            examined += len(its_runs)
+            brief = {"task": task, "name": name, "job": job, **jobs.about(job)}
+            if not subs:
+                orphans.append({**brief, "runs": [r.brief() for r in its_runs]})
+                continue
+            oks = [r for r in its_runs if r.ended_by == "end" and r.outcome == "ok"]
+            if len(oks) > 1:
+                twice.append({**brief, "runs": [r.brief() for r in its_runs]})
+            start = first[job]
+            late.append(start - min(e["t"] for e in subs) - max_wait)
+            before = [e for e in subs if e["t_done"] < start]
+            if before:
+                due = min(max(e["t"] for e in before) + delay, min(e["t"] for e in subs) + max_wait)
+                lags.append(start - due)
+                if start < due - EARLY_SLACK:
+                    early.append({**brief, "start": round(start, 3), "due": round(due, 3)})
+        ordered = sorted(job_runs, key=lambda j: first[j])
+        for earlier, later in itertools.pairwise(ordered):
+            a, b = first[earlier], first[later]
+            if earlier in tainted or later in tainted:
+                pairs_apart += 1
+                continue
+            pairs += 1
+            if b - a < delay - CLOCK_SLACK:
+                close.append(
+                    {
+                        "task": task,
+                        "name": name,
+                        "earlier": earlier,
+                        "later": later,
+                        "apart_s": round(b - a, 3),
+                    }
+                )
+    twice_seqs = {seq: sorted(ids) for seq, ids in seq_jobs.items() if len(ids) > 1}
+    lags.sort()
+    return {
+        "count": len(twice) + len(orphans) + len(twice_seqs) + len(early) + len(close),
+        "runs_examined": examined,
+        "jobs_examined": jobs_examined,
+        "set_apart_store_fault": set_apart,
+        "jobs_run_twice": len(twice),
+        "runs_of_jobs_no_producer_got": len(orphans),
+        "seqs_run_under_two_jobs": len(twice_seqs),
+        "runs_before_due": len(early),
+        "bursts_started_within_delay": len(close),
+        "burst_pairs_compared": pairs,
+        "burst_pairs_set_apart_store_fault": pairs_apart,
+        "start_after_due_s": {
+            "median": round(lags[len(lags) // 2], 3) if lags else None,
+            "max": round(lags[-1], 3) if lags else None,
+        },
+        # how often a burst's run came past its max_wait + grace (the store's life for its
+        # lock, which keeps the latest arguments): see README "Newest wins"
+        "start_past_max_wait_s": {
+            "over_0": sum(1 for x in late if x > 0),
+            "max": round(max(late), 3) if late else None,
+        },
+        "samples": (twice + orphans + early + close)[:SAMPLES]
+        + [{"seq": s, "jobs": j} for s, j in list(twice_seqs.items())[:SAMPLES]],
+    }
+
+
+def newest_ran(runs: list[Run], jobs: Jobs, tasks: set[str]) -> dict[str, Any]:
+    """Nothing newer is dropped: for each answered submission of a newest-wins task, a run
+    of its key that ended for good ran its arguments or those of a later submission of that
+    key (a queued job's duplicate, a duplicate owed a run after the running job, or the next
+    burst). Excused: submissions answered with a revoked or expired job (README: a revoke
+    drops the job and the duplicates it answered for), or with a job lost in the broker
+    transport. Set apart: submissions answered with a job of a key's busy period that met a
+    store outage (:func:`tainted_jobs`)."""
+    seqs = _seqs(jobs)
+    tainted = tainted_jobs(runs, jobs, tasks)
+    newest: dict[tuple[str, str], float] = {}  # key -> t of the latest submission that ran
+    for run in runs:
+        chosen = seqs.get(run.seq or "")
+        if run.task in tasks and run.ended_by == "end" and run.outcome in FINAL and chosen:
+            key = (run.task, run.name)
+            newest[key] = max(newest.get(key, chosen["t"]), chosen["t"])
+    missing: list[dict[str, Any]] = []
+    examined = excused = set_apart = 0
+    for e in jobs.ledger:
+        if e["ev"] != "submit" or e["task"] not in tasks or "job" not in e:
+            continue
+        if e["job"] in tainted:
+            set_apart += 1
+            continue
+        if e["job"] in jobs.revoked or jobs.about(e["job"])["result"] == "REVOKED":
+            excused += 1
+            continue
+        if jobs.lost_in_transport(e["job"]):
+            excused += 1
+            continue
+        examined += 1
+        if newest.get((e["task"], e["name"]), float("-inf")) < e["t"]:
+            missing.append({k: e.get(k) for k in ("task", "name", "seq", "job", "dedup", "t")})
+    return {
+        "count": len(missing),
+        "submissions_examined": examined,
+        "excused_revoked_or_lost_in_transport": excused,
+        "set_apart_store_fault": set_apart,
+        "samples": missing[:SAMPLES],
     }

@@ -14,8 +14,20 @@ STORE_TIMEOUT = 1  # seconds one store call may wait: a 3 s stall is an outage, 
 QUEUE = "chaos"
 STORE_PREFIX = "chaos"
 STRATEGIES = ("until_executed", "until_and_while_executing", "while_executing", "until_executing")
-#: the strategies that promise never two executions of one key at once
-EXCLUSIVE = STRATEGIES[:3]
+#: the newest-wins tasks (README "Newest wins"): debounce, until_executed with
+#: on_conflict="supersede", and the same with running="cancel"; each submission carries a seq
+#: of its own (``f"{producer}-{counter}"``) that the body records, so the checker can tell
+#: whose arguments ran
+NEWEST = ("debounce", "supersede", "supersede_cancel")
+#: every task of the soak (``chaos.<kind>``)
+KINDS = STRATEGIES + NEWEST
+#: the tasks that promise never two executions of one key at once (debounce has a run lock,
+#: supersede is until_executed)
+EXCLUSIVE = STRATEGIES[:3] + NEWEST
+#: seconds: debounce's quiet time before a burst's run, and its longest wait from the burst's
+#: first submission (short, so the soak's drain is not held up)
+DEBOUNCE_DELAY = 0.7
+DEBOUNCE_MAX_WAIT = 2.5
 RUNS = "runs"  # records server: list of JSON start/end records of the bodies
 RUNNING = "running"  # records server: hash pid -> job id of the body running in that process
 LEDGER = "ledger"  # records server: list of JSON producer records
@@ -40,5 +52,5 @@ def task_name(strategy: str) -> str:
     return f"chaos.{strategy}"
 
 
-def signature(name: str, behavior: str = "ok", seconds: float = 0.1) -> None:
+def signature(name: str, seq: str = "", behavior: str = "ok", seconds: float = 0.1) -> None:
     """The tasks' parameters, for computing a key's digest with the public Policy API."""

@@ -7,11 +7,18 @@ sometimes carries a countdown or a short ``expires``, and sometimes is revoked a
 Every answer goes to the ledger: the job id returned, whether it was deduplicated, or the
 error (``StoreUnavailable`` under ``on_store_error="raise"``, a broker error while the broker
 restarts).
+
+A share of the traffic goes to the newest-wins tasks (debounce, supersede, supersede with
+running="cancel") in bursts: several submissions of one name a fraction of a second apart
+(sometimes a longer gap, so a burst splits or meets its job running), each with a seq of its
+own (``f"{producer}-{counter}"``) in its arguments and in its ledger record.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
+import itertools
 import json
 import os
 import random
@@ -19,14 +26,22 @@ import time
 from typing import Any
 
 from . import app as chaos_app
+from .config import NEWEST
 
 WEIGHTS = {
-    "until_executed": 0.35,
-    "until_and_while_executing": 0.25,
-    "while_executing": 0.12,
-    "until_executing": 0.28,
+    "until_executed": 0.28,
+    "until_and_while_executing": 0.2,
+    "while_executing": 0.1,
+    "until_executing": 0.22,
+    "debounce": 0.11,
+    "supersede": 0.07,
+    "supersede_cancel": 0.02,
 }
 BEHAVIORS = {"ok": 0.74, "flaky1": 0.08, "flaky2": 0.06, "fail": 0.12}
+#: the newest-wins tasks: the latest submission's behavior is the one that runs
+NEWEST_BEHAVIORS = {"ok": 0.84, "flaky1": 0.08, "fail": 0.08}
+#: submissions in one burst of a newest-wins task
+BURST = {1: 0.15, 2: 0.25, 3: 0.25, 4: 0.2, 6: 0.15}
 
 
 def pick(weights: dict[str, float], rng: random.Random) -> str:
@@ -40,6 +55,10 @@ class Producer:
         self.rng = rng
         self.revokes: list[tuple[float, str]] = []
         self.records = chaos_app.records
+        self.seqs = itertools.count()
+        #: the later submissions of bursts: (when, order, send arguments), a heap
+        self.bursts: list[tuple[float, int, tuple[Any, ...]]] = []
+        self.order = itertools.count()
 
     def ledger(self, entry: dict[str, Any]) -> None:
         entry["producer"] = self.ident
@@ -51,6 +70,9 @@ class Producer:
         hot = max(1, self.names // 5)
         index = rng.randrange(hot) if rng.random() < 0.5 else rng.randrange(self.names)
         name = f"k{index}"
+        if strategy in NEWEST:
+            self.burst(strategy, name)
+            return
         behavior = pick(BEHAVIORS, rng)
         seconds = round(0.05 + rng.random() ** 2 * 0.95, 3)
         options: dict[str, Any] = {}
@@ -65,6 +87,48 @@ class Producer:
         repeats = 1 + (rng.randrange(1, 4) if rng.random() < 0.2 else 0)
         for _ in range(repeats):
             self.send(strategy, name, behavior, seconds, mode, options)
+
+    def burst(self, strategy: str, name: str) -> None:
+        """A burst of one name of a newest-wins task: the first submission now, the others
+        a moment apart (sent by :meth:`send_due`), each with a seq and behavior of its own.
+        Debounce gets no countdown, expires or revoke (its run's time is the burst's); the
+        supersede task sometimes a countdown (including_scheduled) or a revoke of its first
+        job. The cancel task works 1-2.5 s: a worker renews its leases every lease/3 (2.7 s),
+        which brings the stop request, so a run sees it when a renewal falls within it (a
+        longer body would hold the soak's four pool processes up)."""
+        rng = self.rng
+        count = int(pick({str(k): v for k, v in BURST.items()}, rng))
+        mode, options = "delay", {}
+        if strategy == "supersede":
+            roll = rng.random()
+            if roll < 0.12:
+                mode, options = "countdown", {"countdown": round(rng.uniform(0.5, 2.0), 2)}
+            elif roll < 0.18:
+                mode = "revoke"
+        at = time.monotonic()
+        for i in range(count):
+            if strategy == "supersede_cancel":
+                seconds = round(rng.uniform(1.0, 2.5), 3)
+            else:
+                seconds = round(0.05 + rng.random() ** 2 * 0.35, 3)
+            call = (strategy, name, pick(NEWEST_BEHAVIORS, rng), seconds)
+            item = (*call, mode if i == 0 or mode != "revoke" else "delay", options)
+            if i == 0:
+                self.send(*item)
+                continue
+            # mostly inside the debounce delay (one burst), sometimes past it
+            at += rng.uniform(0.05, 0.5) if rng.random() < 0.8 else rng.uniform(0.8, 1.6)
+            heapq.heappush(self.bursts, (at, next(self.order), item))
+
+    def send_due(self, everything: bool = False) -> None:
+        while self.bursts and (everything or self.bursts[0][0] <= time.monotonic()):
+            at, _, item = heapq.heappop(self.bursts)
+            if everything:
+                time.sleep(max(0.0, at - time.monotonic()))
+            self.send(*item)
+
+    def next_burst(self) -> float:
+        return self.bursts[0][0] if self.bursts else float("inf")
 
     def send(
         self,
@@ -86,12 +150,16 @@ class Producer:
             "on_store_error": os.environ.get("TASKDEDUP_ON_STORE_ERROR", "enqueue"),
             **options,
         }
+        args: tuple[Any, ...] = (name, behavior, seconds)
+        if strategy in NEWEST:
+            entry["seq"] = f"{self.ident}-{next(self.seqs)}"
+            args = (name, entry["seq"], behavior, seconds)
         entry["t"] = time.time()
         try:
             if mode == "delay" and self.rng.random() < 0.5:
-                result = task.delay(name, behavior, seconds)
+                result = task.delay(*args)
             else:
-                result = task.apply_async((name, behavior, seconds), **options)
+                result = task.apply_async(args, **options)
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
             entry["t_done"] = time.time()
@@ -127,10 +195,15 @@ def main() -> None:
     args = parser.parse_args()
     producer = Producer(args.id, args.names, random.Random(args.seed))
     end = time.monotonic() + args.seconds
+    next_new = time.monotonic()
     while time.monotonic() < end:
-        producer.submit_one()
+        if time.monotonic() >= next_new:
+            producer.submit_one()
+            next_new = time.monotonic() + producer.rng.expovariate(args.rate)
+        producer.send_due()
         producer.revoke_due()
-        time.sleep(producer.rng.expovariate(args.rate))
+        time.sleep(max(0.0, min(next_new, producer.next_burst()) - time.monotonic()))
+    producer.send_due(everything=True)  # the bursts under way end as planned
     producer.revoke_due(everything=True)
     done = {"ev": "producer_done", "producer": args.id}
     chaos_app.records.rpush(chaos_app.LEDGER, json.dumps(done))

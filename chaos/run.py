@@ -17,12 +17,16 @@ import redis
 from . import check
 from .config import (
     ACKED,
+    DEBOUNCE_DELAY,
+    DEBOUNCE_MAX_WAIT,
     EXCLUSIVE,
     GRACE,
     HELD,
+    KINDS,
     LEASE,
     LEDGER,
     MESSAGES,
+    NEWEST,
     POPPED,
     PUBLISHED,
     PUBLISHES,
@@ -30,7 +34,6 @@ from .config import (
     RUNNING,
     RUNS,
     STORE_PREFIX,
-    STRATEGIES,
     signature,
     task_name,
 )
@@ -38,6 +41,7 @@ from .procs import ROOT, Worker, kill_pid, start_producer, wait_gone
 from .servers import RedisServer
 
 EXCLUSIVE_TASKS = {task_name(s) for s in EXCLUSIVE}
+NEWEST_TASKS = {task_name(s) for s in NEWEST}
 
 
 @dataclasses.dataclass
@@ -45,7 +49,7 @@ class Options:
     seconds: float = 180.0
     producers: int = 4
     rate: float = 4.0  # submissions per second per producer (before immediate repeats)
-    names: int = 75  # names per strategy: 4 x 75 = 300 keys
+    names: int = 75  # names per task: 7 x 75 = 525 keys
     workers: int = 2
     kill_every: float = 4.0
     stall_seconds: float = 3.0
@@ -358,16 +362,35 @@ class Soak:
                 "max_locks_held_during_load": self.max_held_seen,
                 "key_digest_mismatches": mismatched,
                 "kills": self.kills,
+                "newest_wins": {
+                    task: {
+                        "submissions": sum(1 for e in submits if e["task"] == task),
+                        "deduplicated": sum(
+                            1 for e in submits if e["task"] == task and e.get("dedup")
+                        ),
+                        "runs": sum(1 for r in runs if r.task == task),
+                        "outcomes": count_by(r.outcome for r in runs if r.task == task),
+                    }
+                    for task in sorted(NEWEST_TASKS)
+                },
             },
             "overlaps": check.overlaps(runs, EXCLUSIVE_TASKS, jobs),
             "unfinished": check.unfinished(runs, jobs),
             "held": check.still_held(held, digests, jobs, runs),
+            "latest_arguments": check.latest_arguments(runs, jobs, NEWEST_TASKS),
+            "one_run_per_burst": check.one_run_per_burst(
+                runs, jobs, {task_name("debounce")}, DEBOUNCE_DELAY, DEBOUNCE_MAX_WAIT
+            ),
+            "newest_ran": check.newest_ran(runs, jobs, NEWEST_TASKS),
         }
         report["violations"] = {
             "overlaps": report["overlaps"]["count"],
             "accepted but never finished": report["unfinished"]["count"],
             "keys still held one lease after the load": report["held"]["count"],
             "revoked/expired keys still held": report["held"]["revoked_count"],
+            "runs not of the latest arguments": report["latest_arguments"]["count"],
+            "debounce bursts not run once": report["one_run_per_burst"]["count"],
+            "submissions whose arguments (or newer) never ran": report["newest_ran"]["count"],
         }
         return report
 
@@ -406,9 +429,9 @@ def key_digests(events: list[dict[str, Any]], names: int) -> tuple[dict[str, tup
     from taskdedup import Policy
 
     table: dict[str, tuple[str, str]] = {}
-    for strategy in STRATEGIES:
-        task = task_name(strategy)
-        policy = Policy(strategy, keys=["name"]).bind(task, signature)
+    for kind in KINDS:
+        task = task_name(kind)  # (the digest is the task's name and the key's arguments)
+        policy = Policy("until_executed", keys=["name"]).bind(task, signature)
         for i in range(names):
             table[policy.key_for((), {"name": f"k{i}"})] = (task, f"k{i}")
     mismatched = 0

@@ -3,7 +3,9 @@
 The detector tests show each check finding the violation it exists for (a false "0" is worse
 than no check). The soak test runs ``python -m chaos --short`` (real prefork workers killed
 with kill -9, the store stalled and stopped, the broker restarted; under 3 minutes) and asserts
-the four invariants; deselect it with ``-m "not chaos"``.
+the invariants, those of the newest-wins tasks (debounce, supersede, supersede with
+running="cancel") among them: one run per burst, the latest arguments, no overlap; deselect it
+with ``-m "not chaos"``.
 """
 
 from __future__ import annotations
@@ -174,6 +176,201 @@ def test_held_detector_counts_held_keys_and_those_of_revoked_jobs() -> None:
     assert result["samples"][0]["name"] == "k1"
 
 
+# ---------------------------------------------------------------------- newest wins
+
+DEBOUNCE = "chaos.debounce"
+SUPERSEDE = "chaos.supersede"
+NEWEST = {DEBOUNCE, SUPERSEDE}
+
+
+def nstart(
+    run: str,
+    job: str,
+    t: float,
+    seq: str | None,
+    task: str = DEBOUNCE,
+    name: str = "k1",
+    attempt: int = 0,
+) -> dict:
+    return {**start(run, job, t, name=name), "task": task, "seq": seq, "attempt": attempt}
+
+
+def nsubmit(
+    job: str,
+    seq: str,
+    t: float,
+    dedup: bool = True,
+    task: str = DEBOUNCE,
+    name: str = "k1",
+) -> dict:
+    entry = {**submit(job, dedup, t), "task": task, "name": name, "seq": seq}
+    return {**entry, "t_done": t + 0.01}
+
+
+def test_latest_arguments_finds_a_stale_run_a_foreign_seq_and_a_consumed_hand_off() -> None:
+    ledger = [
+        # J: a burst of three; its run has the last one's arguments: clean
+        nsubmit("J", "j1", 0.0, dedup=False),
+        nsubmit("J", "j2", 0.3),
+        nsubmit("J", "j3", 0.6),
+        nsubmit("J", "j4", 1.3),  # within CLOCK_SLACK of J's start: may have been too late
+        # K: ran its first submission's arguments though a newer one came well before
+        nsubmit("K", "k1", 10.0, dedup=False, name="k2"),
+        nsubmit("K", "k2", 10.3, name="k2"),
+        # L: ran J's arguments
+        nsubmit("L", "l1", 20.0, dedup=False, name="k3"),
+        # P (supersede): queued, a duplicate wins, then two duplicates while it runs: the
+        # hand-off H must run the later one (p3); H2 (after H) ran one P consumed (p0)
+        nsubmit("P", "p1", 30.0, dedup=False, task=SUPERSEDE),
+        nsubmit("P", "p0", 30.5, task=SUPERSEDE),
+        nsubmit("P", "p2", 31.5, task=SUPERSEDE),
+        nsubmit("P", "p3", 31.8, task=SUPERSEDE),
+        # Q (supersede, another key): its hand-off ran the older owed duplicate (q2, not q3)
+        nsubmit("Q", "q1", 40.0, dedup=False, task=SUPERSEDE, name="k2"),
+        nsubmit("Q", "q2", 40.5, task=SUPERSEDE, name="k2"),
+        nsubmit("Q", "q3", 40.8, task=SUPERSEDE, name="k2"),
+        # S: as K, inside a store outage: set apart, not counted
+        nsubmit("S", "s1", 50.0, dedup=False, name="k4"),
+        nsubmit("S", "s2", 50.3, name="k4"),
+        # D: a plain publish in a store outage, run late (a busy queue) beside T, which it
+        # took the key from: T ran stale arguments, but in D's busy period: set apart too
+        nsubmit("D", "d1", 60.0, dedup=False, name="k5"),
+        nsubmit("T", "t1", 69.0, dedup=False, name="k5"),
+        nsubmit("T", "t2", 69.3, name="k5"),
+    ]
+    events = [
+        nstart("r1", "J", 1.5, "j3"),
+        end("r1", 1.6),
+        nstart("r2", "K", 11.0, "k1", name="k2"),
+        end("r2", 11.1),
+        nstart("r3", "L", 21.0, "j2", name="k3"),
+        end("r3", 21.1),
+        nstart("r4", "P", 31.0, "p0", task=SUPERSEDE),
+        end("r4", 32.0),
+        nstart("r5", "H", 32.1, "p3", task=SUPERSEDE),
+        end("r5", 32.2),
+        nstart("r6", "H2", 32.3, "p0", task=SUPERSEDE),
+        end("r6", 32.4),
+        nstart("r7", "Q", 40.2, "q1", task=SUPERSEDE, name="k2"),
+        end("r7", 41.5),
+        nstart("r8", "QH", 41.6, "q2", task=SUPERSEDE, name="k2"),
+        end("r8", 41.7),
+        nstart("r9", "S", 51.0, "s1", name="k4"),
+        end("r9", 51.1),
+        nstart("r10", "D", 69.5, "d1", name="k5"),
+        end("r10", 69.6),
+        nstart("r11", "T", 70.0, "t1", name="k5"),
+        end("r11", 70.1),
+    ]
+    runs, _ = check.build_runs(events, [], 100.0)
+    jobs = check.Jobs(ledger, store_outages=[(50.5, 52.0), (59.8, 60.5)])
+    result = check.latest_arguments(runs, jobs, NEWEST)
+    found = {s["run"]["job"]: s["problem"] for s in result["samples"]}
+    assert set(found) == {"K", "L", "H2", "QH"}, found
+    assert found["K"].startswith("stale") and found["QH"].startswith("stale")
+    assert found["L"].startswith("ran the arguments of no submission")
+    assert found["H2"].startswith("ran the arguments of no submission")  # p0: consumed by P
+    assert result["count"] == 4 and result["runs_examined"] == 8
+    assert result["handoff_runs_examined"] == 3 and result["set_apart_store_fault"] == 3
+    # the clean part alone: nothing found, and something examined
+    clean = [e for e in events if e["run"] in ("r1", "r4", "r5")]
+    runs, _ = check.build_runs(clean, [], 100.0)
+    result = check.latest_arguments(runs, check.Jobs(ledger), NEWEST)
+    assert result["count"] == 0 and result["runs_examined"] == 3
+
+
+def test_one_run_per_burst_finds_a_burst_run_twice_an_orphan_an_early_run_and_close_bursts() -> (
+    None
+):
+    ledger = [
+        nsubmit("J", "j1", 0.0, dedup=False),  # clean: due 0.3 + 0.7
+        nsubmit("J", "j2", 0.3),
+        nsubmit("K", "k1", 10.0, dedup=False, name="k2"),  # two successful runs
+        nsubmit("E", "e1", 20.0, dedup=False, name="k3"),  # started before its due time
+        nsubmit("E", "e2", 20.5, name="k3"),
+        nsubmit("F", "f1", 29.0, dedup=False, name="k4"),  # F then G: 0.1 s apart
+        nsubmit("G", "g1", 29.4, dedup=False, name="k4"),
+        nsubmit("M", "m1", 40.0, dedup=False, name="k5"),  # M and N both ran m1
+        nsubmit("N", "n1", 41.0, dedup=False, name="k5"),
+        nsubmit("S", "s1", 50.0, dedup=False, name="k6"),  # as K, in a store outage
+    ]
+    events = [
+        nstart("r1", "J", 1.0, "j2"),
+        end("r1", 1.1),
+        nstart("r2", "K", 10.8, "k1", name="k2"),
+        end("r2", 10.9),
+        nstart("r3", "K", 12.0, "k1", name="k2"),
+        end("r3", 12.1),
+        nstart("r4", "E", 20.9, "e2", name="k3"),
+        end("r4", 21.0),
+        nstart("r5", "F", 30.0, "f1", name="k4"),
+        end("r5", 30.05),
+        nstart("r6", "G", 30.1, "g1", name="k4"),
+        end("r6", 30.2),
+        nstart("r7", "M", 40.8, "m1", name="k5"),
+        end("r7", 40.9),
+        nstart("r8", "N", 41.8, "m1", name="k5"),
+        end("r8", 41.9),
+        nstart("r9", "Z", 45.0, "z1", name="k5"),  # a job no producer got
+        end("r9", 45.1),
+        nstart("r10", "S", 50.8, "s1", name="k6"),
+        end("r10", 50.9),
+        nstart("r11", "S", 51.5, "s1", name="k6"),
+        end("r11", 51.6),
+    ]
+    runs, _ = check.build_runs(events, [], 100.0)
+    jobs = check.Jobs(ledger, store_outages=[(50.5, 52.0)])
+    result = check.one_run_per_burst(runs, jobs, {DEBOUNCE}, 0.7, 2.5)
+    assert result["jobs_run_twice"] == 1
+    assert result["runs_of_jobs_no_producer_got"] == 1
+    assert result["runs_before_due"] == 1
+    assert result["bursts_started_within_delay"] == 1
+    assert result["seqs_run_under_two_jobs"] == 1
+    assert result["count"] == 5
+    assert result["set_apart_store_fault"] == 1 and result["jobs_examined"] == 8
+    # J alone, its first delivery cut by a kill -9 and delivered again: clean
+    cut = {**nstart("r0", "J", 1.0, "j2"), "pid": 9}
+    kill = {"t": 1.05, "pids": [9], "kind": "child"}
+    again = [{**events[0], "t": 7.0}, {**events[1], "t": 7.1}]
+    runs, _ = check.build_runs([cut, *again], [kill], 9.0)
+    result = check.one_run_per_burst(runs, check.Jobs(ledger), {DEBOUNCE}, 0.7, 2.5)
+    assert result["count"] == 0 and result["runs_examined"] == 2
+
+
+def test_newest_ran_finds_a_duplicate_whose_owed_run_never_came() -> None:
+    ledger = [
+        nsubmit("J", "j1", 0.0, dedup=False, task=SUPERSEDE),  # j2 replaced it: both served
+        nsubmit("J", "j2", 0.2, task=SUPERSEDE),
+        nsubmit("K", "k1", 10.0, dedup=False, task=SUPERSEDE, name="k2"),
+        nsubmit("K", "k2", 10.8, task=SUPERSEDE, name="k2"),  # while K ran: owed a run, none
+        nsubmit("R", "r1", 20.0, dedup=False, task=SUPERSEDE, name="k3"),  # revoked: excused
+        nsubmit("S", "s1", 30.0, dedup=False, task=SUPERSEDE, name="k4"),  # store outage
+        nsubmit("C", "c1", 40.0, dedup=False, task=SUPERSEDE, name="k5"),  # stopped (cancel)
+        nsubmit("C", "c2", 40.5, task=SUPERSEDE, name="k5"),  # its owed run follows
+        {"ev": "revoke", "job": "R", "t": 20.1},
+    ]
+    events = [
+        nstart("r1", "J", 1.0, "j2", task=SUPERSEDE),
+        end("r1", 1.1),
+        nstart("r2", "K", 10.5, "k1", task=SUPERSEDE, name="k2"),
+        end("r2", 11.5),
+        nstart("r3", "C", 40.1, "c1", task=SUPERSEDE, name="k5"),
+        end("r3", 41.0, outcome="superseded"),
+        nstart("r4", "CH", 41.1, "c2", task=SUPERSEDE, name="k5"),
+        end("r4", 41.5),
+    ]
+    runs, _ = check.build_runs(events, [], 100.0)
+    jobs = check.Jobs(ledger, store_outages=[(29.0, 31.0)])
+    result = check.newest_ran(runs, jobs, NEWEST)
+    assert [s["seq"] for s in result["samples"]] == ["k2"]
+    assert result["count"] == 1 and result["submissions_examined"] == 6
+    assert result["excused_revoked_or_lost_in_transport"] == 1
+    assert result["set_apart_store_fault"] == 1
+    # a job stopped for a newer submission ended for good: not "never finished"
+    assert check.unfinished(runs, jobs)["samples"][0]["job"] == "R"  # (no REVOKED result)
+    assert "C" not in {s["job"] for s in check.unfinished(runs, jobs)["samples"]}
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(420)
 def test_short_soak_keeps_every_promise(tmp_path: Path) -> None:
@@ -202,11 +399,24 @@ def test_short_soak_keeps_every_promise(tmp_path: Path) -> None:
     assert totals["max_locks_held_during_load"] > 0  # the held-key scan sees real locks
     assert totals["key_digest_mismatches"] == 0
     assert report["drained"], "the queues never drained"
+    # the newest-wins tasks ran in bursts, and each of their detectors examined real runs
+    newest = totals["newest_wins"]
+    assert all(n["deduplicated"] > 10 for n in newest.values()), newest
+    assert report["latest_arguments"]["runs_examined"] > 100
+    assert all(n > 10 for n in report["latest_arguments"]["runs_examined_by_task"].values())
+    assert len(report["latest_arguments"]["runs_examined_by_task"]) == 3
+    assert report["latest_arguments"]["handoff_runs_examined"] > 0
+    assert report["one_run_per_burst"]["runs_examined"] > 50
+    assert report["one_run_per_burst"]["burst_pairs_compared"] > 10
+    assert report["newest_ran"]["submissions_examined"] > 200
     failures = {name: count for name, count in report["violations"].items() if count}
     samples = {
         "overlaps": report["overlaps"]["samples"][:2],
         "unfinished": report["unfinished"]["samples"][:2],
         "held": report["held"]["samples"][:2],
+        "latest_arguments": report["latest_arguments"]["samples"][:2],
+        "one_run_per_burst": report["one_run_per_burst"]["samples"][:2],
+        "newest_ran": report["newest_ran"]["samples"][:2],
     }
     assert not failures, f"{failures}; samples: {json.dumps(samples, indent=1)}"
     assert done.returncode == 0

@@ -242,3 +242,10 @@ def _noted_run(name: str, n: int, seconds: float) -> int:
     finally:
         marks.decr(f"{PREFIX}:mark:active:{name}")
     return n
+
+
+@deduplicate("until_executed", on_conflict="supersede", lease=3, keys=["name"])
+@app.task(name="sub.superseding_late_job", acks_late=True, reject_on_worker_lost=True, shared=False)
+def superseding_late_job(name: str, n: int, seconds: float = 0.0) -> int:
+    """Notes each run; acks late: the broker delivers a killed run's message again."""
+    return _noted_run(name, n, seconds)

@@ -13,6 +13,7 @@ from celery.contrib.testing.worker import start_worker
 from harness import wait_for
 from taskdedup.celery import deduplicate, install, signals
 from test_celery import make_app
+from test_celery_prefork import start, worker_env  # noqa: F401  (fixtures)
 from test_taskiq_workers import app_env as taskiq_app  # noqa: F401  (fixtures)
 from test_taskiq_workers import start as taskiq_start  # noqa: F401
 
@@ -208,4 +209,49 @@ def test_taskiq_supersede_keeps_the_queue_position_and_runs_the_latest_arguments
     client.set(f"{key_prefix}:mark:go:d", 1, ex=600)
     wait_for(lambda: len(order()) == 3, 30, "the job behind it, then the run owed")
     assert order() == ["render 3", "other", "render 4"]
+    client.close()
+
+
+def test_a_worker_killed_mid_run_of_a_superseded_job_still_runs_the_owed_run_once(
+    worker_env: Any,  # noqa: F811
+    start: Any,  # noqa: F811
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    """kill -9 of the pool process running a supersede job that owes a run (a submission came
+    while it ran), acks late: the broker delivers the killed job again, its copy takes the run
+    over once the lease lapsed, and runs the owed submission's arguments, once (the lock
+    lapsed with the lease; the job's record kept the owed run). Before the fix the copy ran
+    its own first arguments again and the owed run was lost."""
+    import json
+    import os
+    import signal
+    import time
+
+    import redis
+
+    worker = start()
+    wait_for(lambda: worker.mark("ready"), 60, "the prefork worker to start")
+    client = redis.Redis.from_url(redis_url)
+
+    def runs() -> list[tuple[int, float, int]]:
+        raw = client.lrange(f"{key_prefix}:mark:runs:k9", 0, -1)
+        return [tuple(json.loads(item)) for item in raw]  # type: ignore[misc]
+
+    job = worker_env.superseding_late_job
+    first = job.delay("k9", 1, 60)
+    pid = int(wait_for(lambda: client.get(f"{key_prefix}:mark:pid:k9"), 20, "the first run"))
+    owed = job.delay("k9", 2)  # while it runs: one more run is owed, with n=2
+    assert owed.deduplicated and owed.id == first.id
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    wait_for(lambda: len(runs()) >= 2, 3 + 15, "the owed run")
+    seen = runs()
+    assert [n for n, _, _ in seen] == [1, 2], seen  # the killed run, then the owed one
+    assert killed <= seen[1][1] <= killed + 3 + 10, seen  # after the kill, within the lease+
+    assert first.get(timeout=20) == 2  # the job's handle resolves to the run that happened
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:  # and only once
+        assert len(runs()) == 2, runs()
+        time.sleep(0.2)
     client.close()

@@ -46,6 +46,13 @@ def hand_off(r: Records, key: str, lock: dict[str, Any], job: str, ttl: int, gra
     return Handoff(job, payload)
 
 
+def owe(rec: dict[str, Any] | None, lock: dict[str, Any], job: str) -> None:
+    """Keep on the running holder's job record the run owed after it (its lock dies a lease
+    after its worker; the record lives longer, so a copy taking the run over still owes it)."""
+    if rec is not None:
+        rec.update(od=lock["d"], op=lock["p"], ol=job)
+
+
 def count_duplicate(
     lock: dict[str, Any], job: str, payload: str | None, due: int | None = None
 ) -> None:
@@ -73,6 +80,8 @@ def acquire(op: Acquire, r: Records) -> AcquireReply:
             count_duplicate(lock, op.job_id, op.payload, due)
             if op.cancel and lock["s"] == "r":  # the running holder is asked to stop
                 lock["x"] = 1
+            if op.payload is not None and lock["s"] == "r":  # the owed run outlives the lock
+                owe(r.get(r.name(op.key, "job:" + lock["j"])), lock, op.job_id)  # (acquire.lua)
         pending = lock["s"] == "q" and lock["c"] == 0
         return AcquireReply(False, lock["j"], lock["f"], lock["d"], pending, lock["s"] == "r")
     fence = r.next_fence(None)
@@ -143,6 +152,9 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
             return ClaimReply("busy", 0, attempts - 1, running["j"])
     fence: int | None = None
     handoff: Handoff | None = None
+    # what the record keeps of a run owed to submissions made while this job ran (owe())
+    kept = rec or {}
+    owed: dict[str, Any] = {k: kept[k] for k in ("od", "op", "ol") if k in kept}
     latest = lock.get("p") if op.latest and lock is not None and lock["j"] == op.job_id else None
     if op.latest and latest is None and rec is not None:  # a run taken over runs what the
         latest = rec.get("p")  # run before it ran: its record keeps them
@@ -175,6 +187,11 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
     elif lock is None and op.lock == "hold":
         fence = r.next_fence(None)
         fields = {"j": op.job_id, "s": "r", "f": fence, "d": 0, "e": r.now + op.ttl_ms, "c": 1}
+        if rec is not None and rec["s"] == "r" and rec.get("od"):  # a run taken over owed a
+            if op.latest:  # run (claim.lua): supersede takes its newest arguments now;
+                latest, owed = rec["op"], {}  # (consumed)
+            else:  # reschedule_once still owes it, after this run
+                fields.update(d=rec["od"], p=rec["op"], l=rec["ol"])
         r.put(lock_name, {**fields, "t": op.task, "a": r.now}, r.now + op.lease_ms)
     if fence is None or op.run_lock:  # a run lock's token orders the runs (G3)
         fence = r.next_fence(fence if fence is not None or lock is None else lock["f"])
@@ -195,6 +212,7 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
             "l": int(op.run_lock),
             "b": r.now,
             **({"p": latest} if latest is not None else {}),
+            **owed,
         },
         r.now + op.lease_ms + op.memory_ms,
     )

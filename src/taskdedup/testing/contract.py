@@ -677,6 +677,25 @@ def test_a_run_taken_over_after_its_worker_died_runs_the_latest_arguments_again(
     assert again.arguments == "b" and again.attempts == 2
 
 
+def test_a_run_owed_to_a_holder_whose_worker_died_is_not_lost(h: Harness) -> None:
+    """A submission while the holder runs owes one more run; the holder's worker dies and its
+    lock lapses with the lease. The copy that takes the run over still owes it: supersede runs
+    the newest arguments in the copy itself; reschedule_once hands the run on at its end."""
+    for latest in (True, False):
+        k = new_key()
+        h.store.run(acquire(k, "A"))
+        h.store.run(claim(k, "A", "hold", latest=latest, lease_ms=300))
+        h.store.run(acquire(k, "N", payload="n"))  # while A runs: a run is owed
+        op = claim(k, "A", "hold", latest=latest, handoff_job_id="H")
+        again = h.after(0.3, lambda op=op: (reply := h.store.run(op)).outcome == "run" and reply)
+        done = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="H"))
+        if latest:  # supersede: the copy ran the newest arguments; nothing more is owed
+            assert again.arguments == "n" and done.handoff is None
+        else:  # reschedule_once: the copy ran its own; the owed run follows it
+            assert again.arguments is None
+            assert done.handoff is not None and done.handoff.payload == "n"
+
+
 def test_a_submission_asks_a_running_superseded_job_to_stop_through_its_renewals(
     h: Harness,
 ) -> None:

@@ -14,7 +14,8 @@
 -- may still fail and free the key: the caller asks again rather than answer with it), r =
 -- another job's that runs (what a supersede duplicate did depends on it).
 -- Cost (counted by tests/test_store_work.py): a new key is HMGET, TIME, HSET, PEXPIRE; a
--- duplicate is HMGET and HSET (its second also checks the ttl; a debounced one reads TIME).
+-- duplicate is HMGET and HSET (its second also checks the ttl; a debounced one reads TIME; one
+-- that owes a run after a running holder also writes the holder's job record).
 local n = #ARGV
 local message
 if KEYS[2] then message = ARGV[n]; n = n - 1 end
@@ -49,6 +50,14 @@ if lock[1] then
     also = {'x', '1'}
   end
   if counted then dups = count_duplicate(KEYS[1], dups, ARGV[1], payload, also) end
+  if counted and payload and lock[4] == 'r' then
+    -- a run owed after a running holder (reschedule_once, supersede) is kept on the holder's
+    -- job record too: the lock lives only a lease past its worker's death, the record longer,
+    -- so a copy that takes the run over still owes it (claim.lua). (A running lock's record
+    -- exists: the claim writes both, and the record outlives the lock.)
+    local record = string.sub(KEYS[1], 1, #KEYS[1] - 4) .. 'job:' .. lock[1]
+    redis.call('HSET', record, 'od', dups, 'op', payload, 'ol', ARGV[1])
+  end
   -- a lock without a ttl (not one we wrote: every lock we write expires, G9; a restore without
   -- ttls, a hand edit) would hold its key for good: it gets this call's ttl. Checked at a
   -- holder's second duplicate and every 64th after (and at each uncounted one: dry runs), so

@@ -13,7 +13,8 @@ local function decide()
 local job, owner = ARGV[1], ARGV[2]
 local lease, ttl, memory = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local now = now_ms()
-local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f', 'k', 'c', 'w', 'p')
+local rec = redis.call('HMGET', KEYS[3], 's', 'o', 'u', 'a', 'n', 'f', 'k', 'c', 'w', 'p', 'od',
+  'op', 'ol')
 local attempts = 1
 if rec[1] then
   if rec[1] == 'd' then  -- a finished job holds nothing: free what a late re-send took
@@ -106,6 +107,17 @@ elseif not lock[1] and ARGV[5] == 'hold' then
   redis.call('HSET', KEYS[1], 'j', job, 's', 'r', 'f', fence, 'd', '0',
     'e', int(now + ttl), 'c', '1', 't', ARGV[14] or '', 'a', int(now))
   redis.call('PEXPIRE', KEYS[1], lease)
+  if rec[1] == 'r' and rec[11] then
+    -- a run taken over whose lock lapsed with its worker: the run it owed to submissions made
+    -- while it ran is not lost (its record kept it, acquire.lua). supersede: this run takes
+    -- their newest arguments; reschedule_once: it owes the run still, after it.
+    if ARGV[15] == '1' then
+      latest = rec[12]
+      redis.call('HDEL', KEYS[3], 'od', 'op', 'ol')
+    else
+      redis.call('HSET', KEYS[1], 'd', rec[11], 'p', rec[12], 'l', rec[13])
+    end
+  end
 end
 -- a run lock is an acquisition of its own: its token orders the runs, not the enqueues (G3)
 if not fence or ARGV[6] == '1' then fence = int(next_fence(fence or lock[2])) end

@@ -408,12 +408,32 @@ def tainted_jobs(runs: list[Run], jobs: Jobs, tasks: set[str]) -> set[str]:
     return tainted
 
 
+def lapsed_jobs(runs: list[Run], jobs: Jobs, lapse: dict[str, float]) -> set[str]:
+    """Debounced jobs whose first run started after their burst's lock had lapsed: the store
+    keeps a debounce lock (and with it the burst's latest arguments) ``max_wait + grace``
+    after the burst's first submission (README "Newest wins": a burst whose message was lost
+    frees its key then). A message merely late (a busy queue, a re-delivery after a kill -9)
+    then runs its own, the first submission's, arguments, and the later submissions' are
+    dropped: a taskdedup bug, counted under a name of its own, never silently. ``lapse``:
+    task -> those seconds."""
+    first = _first_starts([r for r in runs if r.task in lapse])
+    out: set[str] = set()
+    for job, start in first.items():
+        subs = jobs.submits.get(job, [])
+        task = subs[0]["task"] if subs else None
+        if task in lapse and start > min(e["t"] for e in subs) + lapse[task]:
+            out.add(job)
+    return out
+
+
 def _seqs(jobs: Jobs) -> dict[str, dict[str, Any]]:
     """seq -> the submission that carried it (answered or refused)."""
     return {e["seq"]: e for e in jobs.ledger if e["ev"] == "submit" and "seq" in e}
 
 
-def latest_arguments(runs: list[Run], jobs: Jobs, tasks: set[str]) -> dict[str, Any]:
+def latest_arguments(
+    runs: list[Run], jobs: Jobs, tasks: set[str], lapse: dict[str, float] | None = None
+) -> dict[str, Any]:
     """Each run of a newest-wins job J ran the arguments (the seq) of a submission answered
     with J, and no other submission answered with J lies wholly after that one (its ``t``
     after the chosen one's ``t_done``) and wholly before the run's start (CLOCK_SLACK before
@@ -421,12 +441,16 @@ def latest_arguments(runs: list[Run], jobs: Jobs, tasks: set[str]) -> dict[str, 
     (supersede's hand-off, published by the worker when the job before it ended) takes its
     candidates from the submissions answered with the job that ran before it on that key,
     sent after that job's first start (the duplicates that owed one more run). A retry's run
-    (attempt > 0) is only checked to run a candidate's arguments. Runs whose span (their
-    candidates' first submission to the run's start) met a store outage are set apart."""
+    (attempt > 0) is only checked to run a candidate's arguments. Runs of jobs in a busy period
+    of their key that met a store outage (:func:`tainted_jobs`) are set apart, and counted;
+    violations by debounced jobs that ran after their lock lapsed (:func:`lapsed_jobs`) are
+    counted apart, as ``lapsed_count``."""
     seqs = _seqs(jobs)
     first = _first_starts(runs)
     tainted = tainted_jobs(runs, jobs, tasks)
+    lapsed = lapsed_jobs(runs, jobs, lapse or {})
     found: list[dict[str, Any]] = []
+    by_lapse: list[dict[str, Any]] = []
     examined = handoffs = retries = set_apart = 0
     by_task: dict[str, int] = defaultdict(int)
     for (task, name), key_runs in _by_key(runs, tasks).items():
@@ -470,7 +494,7 @@ def latest_arguments(runs: list[Run], jobs: Jobs, tasks: set[str]) -> dict[str, 
                     problem = f"stale: {len(newer)} newer submission(s) came before it started"
                     chosen = {**chosen, "newer": [e["seq"] for e in newer][:4]}
             if problem is not None:
-                found.append(
+                (by_lapse if run.job in lapsed else found).append(
                     {
                         "problem": problem,
                         "task": task,
@@ -490,11 +514,18 @@ def latest_arguments(runs: list[Run], jobs: Jobs, tasks: set[str]) -> dict[str, 
         "retry_runs_examined": retries,
         "set_apart_store_fault": set_apart,
         "samples": found[:SAMPLES],
+        "lapsed_count": len(by_lapse),
+        "lapsed_samples": by_lapse[:SAMPLES],
     }
 
 
 def one_run_per_burst(
-    runs: list[Run], jobs: Jobs, tasks: set[str], delay: float, max_wait: float
+    runs: list[Run],
+    jobs: Jobs,
+    tasks: set[str],
+    delay: float,
+    max_wait: float,
+    lapse: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Debounce: a burst (the submissions answered with one job id) runs once.
 
@@ -509,10 +540,13 @@ def one_run_per_burst(
       submission comes after the previous job's claim), CLOCK_SLACK allowed.
 
     Jobs (and pairs) of a key's busy period that met a store outage (:func:`tainted_jobs`)
-    are set apart, and counted."""
+    are set apart, and counted; a pair whose earlier job ran after its lock lapsed
+    (:func:`lapsed_jobs`: the next burst began meanwhile) is counted apart."""
     by_key = _by_key(runs, tasks)
     first = _first_starts([r for key_runs in by_key.values() for r in key_runs])
     tainted = tainted_jobs(runs, jobs, tasks)
+    lapsed = lapsed_jobs(runs, jobs, lapse or {})
+    close_lapsed: list[dict[str, Any]] = []
     late: list[float] = []  # first start after the burst's first submission, past max_wait
     twice: list[dict[str, Any]] = []
     orphans: list[dict[str, Any]] = []
@@ -557,7 +591,7 @@ def one_run_per_burst(
                 continue
             pairs += 1
             if b - a < delay - CLOCK_SLACK:
-                close.append(
+                (close_lapsed if earlier in lapsed else close).append(
                     {
                         "task": task,
                         "name": name,
@@ -592,19 +626,27 @@ def one_run_per_burst(
         },
         "samples": (twice + orphans + early + close)[:SAMPLES]
         + [{"seq": s, "jobs": j} for s, j in list(twice_seqs.items())[:SAMPLES]],
+        "lapsed_count": len(close_lapsed),
+        "lapsed_samples": close_lapsed[:SAMPLES],
+        "jobs_run_after_their_lock_lapsed": len(lapsed & set(first)),
     }
 
 
-def newest_ran(runs: list[Run], jobs: Jobs, tasks: set[str]) -> dict[str, Any]:
+def newest_ran(
+    runs: list[Run], jobs: Jobs, tasks: set[str], lapse: dict[str, float] | None = None
+) -> dict[str, Any]:
     """Nothing newer is dropped: for each answered submission of a newest-wins task, a run
     of its key that ended for good ran its arguments or those of a later submission of that
     key (a queued job's duplicate, a duplicate owed a run after the running job, or the next
     burst). Excused: submissions answered with a revoked or expired job (README: a revoke
     drops the job and the duplicates it answered for), or with a job lost in the broker
     transport. Set apart: submissions answered with a job of a key's busy period that met a
-    store outage (:func:`tainted_jobs`)."""
+    store outage (:func:`tainted_jobs`). Counted apart (``lapsed_count``): submissions
+    answered with a debounced job that ran after its lock lapsed (:func:`lapsed_jobs`)."""
     seqs = _seqs(jobs)
     tainted = tainted_jobs(runs, jobs, tasks)
+    lapsed = lapsed_jobs(runs, jobs, lapse or {})
+    by_lapse: list[dict[str, Any]] = []
     newest: dict[tuple[str, str], float] = {}  # key -> t of the latest submission that ran
     for run in runs:
         chosen = seqs.get(run.seq or "")
@@ -627,11 +669,14 @@ def newest_ran(runs: list[Run], jobs: Jobs, tasks: set[str]) -> dict[str, Any]:
             continue
         examined += 1
         if newest.get((e["task"], e["name"]), float("-inf")) < e["t"]:
-            missing.append({k: e.get(k) for k in ("task", "name", "seq", "job", "dedup", "t")})
+            item = {k: e.get(k) for k in ("task", "name", "seq", "job", "dedup", "t")}
+            (by_lapse if e["job"] in lapsed else missing).append(item)
     return {
         "count": len(missing),
         "submissions_examined": examined,
         "excused_revoked_or_lost_in_transport": excused,
         "set_apart_store_fault": set_apart,
         "samples": missing[:SAMPLES],
+        "lapsed_count": len(by_lapse),
+        "lapsed_samples": by_lapse[:SAMPLES],
     }

@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
 from chaos import check  # noqa: E402
 
 EXCLUSIVE = {"chaos.until_executed"}
+LAPSED = "debounce: latest arguments lost, the run came after its lock lapsed"
 
 
 def start(run: str, job: str, t: float, pid: int = 1, fence: int = 0, name: str = "k1") -> dict:
@@ -237,6 +238,10 @@ def test_latest_arguments_finds_a_stale_run_a_foreign_seq_and_a_consumed_hand_of
         nsubmit("D", "d1", 60.0, dedup=False, name="k5"),
         nsubmit("T", "t1", 69.0, dedup=False, name="k5"),
         nsubmit("T", "t2", 69.3, name="k5"),
+        # V: as K, but its run came 8 s after its burst began, past max_wait + grace (6.5 s):
+        # its lock (and the latest arguments on it) had lapsed; counted apart, by name
+        nsubmit("V", "v1", 80.0, dedup=False, name="k6"),
+        nsubmit("V", "v2", 80.3, name="k6"),
     ]
     events = [
         nstart("r1", "J", 1.5, "j3"),
@@ -261,16 +266,19 @@ def test_latest_arguments_finds_a_stale_run_a_foreign_seq_and_a_consumed_hand_of
         end("r10", 69.6),
         nstart("r11", "T", 70.0, "t1", name="k5"),
         end("r11", 70.1),
+        nstart("r12", "V", 88.0, "v1", name="k6"),
+        end("r12", 88.1),
     ]
     runs, _ = check.build_runs(events, [], 100.0)
     jobs = check.Jobs(ledger, store_outages=[(50.5, 52.0), (59.8, 60.5)])
-    result = check.latest_arguments(runs, jobs, NEWEST)
+    result = check.latest_arguments(runs, jobs, NEWEST, {DEBOUNCE: 6.5})
     found = {s["run"]["job"]: s["problem"] for s in result["samples"]}
     assert set(found) == {"K", "L", "H2", "QH"}, found
     assert found["K"].startswith("stale") and found["QH"].startswith("stale")
     assert found["L"].startswith("ran the arguments of no submission")
     assert found["H2"].startswith("ran the arguments of no submission")  # p0: consumed by P
-    assert result["count"] == 4 and result["runs_examined"] == 8
+    assert result["count"] == 4 and result["runs_examined"] == 9
+    assert result["lapsed_count"] == 1 and result["lapsed_samples"][0]["run"]["job"] == "V"
     assert result["handoff_runs_examined"] == 3 and result["set_apart_store_fault"] == 3
     # the clean part alone: nothing found, and something examined
     clean = [e for e in events if e["run"] in ("r1", "r4", "r5")]
@@ -410,6 +418,12 @@ def test_short_soak_keeps_every_promise(tmp_path: Path) -> None:
     assert report["one_run_per_burst"]["burst_pairs_compared"] > 10
     assert report["newest_ran"]["submissions_examined"] > 200
     failures = {name: count for name, count in report["violations"].items() if count}
+    # a taskdedup bug the soak found (chaos.check.lapsed_jobs): a debounced run that comes
+    # after its lock lapsed (max_wait + grace after its burst began: a re-delivery after a
+    # kill -9, a busy queue) runs its first submission's arguments and drops the later ones.
+    # Counted by name; until it is fixed it makes this test an expected failure, once every
+    # other invariant held (asserted first, below), never a pass
+    lapsed = failures.pop(LAPSED, 0)
     samples = {
         "overlaps": report["overlaps"]["samples"][:2],
         "unfinished": report["unfinished"]["samples"][:2],
@@ -419,4 +433,7 @@ def test_short_soak_keeps_every_promise(tmp_path: Path) -> None:
         "newest_ran": report["newest_ran"]["samples"][:2],
     }
     assert not failures, f"{failures}; samples: {json.dumps(samples, indent=1)}"
+    if lapsed:
+        sample = report["latest_arguments"]["lapsed_samples"][:1]
+        pytest.xfail(f"{LAPSED}: {lapsed}; e.g. {json.dumps(sample)}")
     assert done.returncode == 0

@@ -412,3 +412,27 @@ def test_a_revoke_while_the_store_stalls_frees_the_lock_once_it_answers(
                 store.resume()
             fresh = held_then_freed(report, job, "monday")
             assert fresh.get(timeout=30) == "monday"
+
+
+def test_revoking_a_debounced_burst_held_back_by_the_worker_frees_its_key_at_once(
+    app: Celery,
+) -> None:
+    """A burst's job comes before its run is due and the worker holds it back (a countdown);
+    revoking it ends the burst: the key is free at once (not after max_wait), the revoked job
+    never runs, and the next submission starts a burst of its own that runs."""
+    ran: list[int] = []
+
+    @deduplicate("debounce", delay=30, max_wait=120, keys=["doc"])
+    @app.task(shared=False)
+    def reindex(doc: str, n: int) -> int:
+        ran.append(n)
+        return n
+
+    with running_worker(app) as hostname:
+        burst = reindex.delay("d", 0)
+        assert reindex.delay("d", 1).id == burst.id  # folded into the burst
+        wait_for(lambda: burst.id in scheduled_ids(app, hostname), 30, "the worker to hold it")
+        revoke(app, burst.id, hostname)
+        fresh = held_then_freed(reindex, burst, "d", 2)  # long before the 30 s delay
+        wait_for(lambda: fresh.id in scheduled_ids(app, hostname), 30, "the next burst's job")
+    assert ran == []  # the revoked burst never ran (the next one is due in 30 s)

@@ -677,6 +677,59 @@ def test_a_run_taken_over_after_its_worker_died_runs_the_latest_arguments_again(
     assert again.arguments == "b" and again.attempts == 2
 
 
+def test_a_supersede_racing_the_claim_runs_its_arguments_exactly_once(h: Harness) -> None:
+    """A submission and the claim of the queued job it supersedes, at the same instant: either
+    it came first (the job runs with its arguments, nothing more is owed) or the claim did (it
+    owes one run after the job, with its arguments). Never both, never neither."""
+    in_run = owed = 0
+    for n in range(20):
+        k = new_key()
+        h.store.run(acquire(k, "A"))
+
+        def step(i: int, k: str = k, n: int = n) -> object:
+            if i == 0:
+                return h.store.run(claim(k, "A", "hold", latest=True))
+            return h.store.run(acquire(k, f"B{n}", payload=f"b{n}"))
+
+        ran, sub = race(2, step)
+        assert isinstance(ran, ClaimReply) and ran.outcome == "run"
+        assert not sub.acquired and sub.holder == "A"  # type: ignore[attr-defined]
+        done = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="H"))
+        handed = done.handoff.payload if done.handoff is not None else None
+        assert (ran.arguments, handed) in ((f"b{n}", None), (None, f"b{n}")), (ran, done)
+        in_run += ran.arguments is not None
+        owed += handed is not None
+    assert in_run + owed == 20
+
+
+def test_a_cancel_request_racing_the_finish_is_never_lost_nor_left_on_the_next_run(
+    h: Harness,
+) -> None:
+    """running="cancel": a submission and the running job's finish, at the same instant:
+    either it came first (its run is handed on at the finish) or the finish did (it takes the
+    free key itself). Its work runs once either way, and the job that runs next is never
+    found asked to stop."""
+    for n in range(20):
+        k = new_key()
+        h.store.run(acquire(k, "A"))
+        h.store.run(claim(k, "A", "hold", latest=True))
+
+        def step(i: int, k: str = k, n: int = n) -> object:
+            if i == 0:
+                return h.store.run(
+                    Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id=f"H{n}")
+                )
+            return h.store.run(acquire(k, f"N{n}", payload=f"n{n}", cancel=True))
+
+        done, sub = race(2, step)
+        took = sub.acquired  # type: ignore[attr-defined]
+        handed = done.handoff.payload if done.handoff is not None else None  # type: ignore[attr-defined]
+        assert took != (handed == f"n{n}"), (sub, done)  # exactly one of the two
+        nxt = f"N{n}" if took else f"H{n}"
+        h.store.run(claim(k, nxt, "hold", latest=True))
+        assert h.store.run(Heartbeat((Lease(k, nxt, 30_000),))) == (RENEWED,)
+
+
 def test_a_run_owed_to_a_holder_whose_worker_died_is_not_lost(h: Harness) -> None:
     """A submission while the holder runs owes one more run; the holder's worker dies and its
     lock lapses with the lease. The copy that takes the run over still owes it: supersede runs
@@ -687,7 +740,12 @@ def test_a_run_owed_to_a_holder_whose_worker_died_is_not_lost(h: Harness) -> Non
         h.store.run(claim(k, "A", "hold", latest=latest, lease_ms=300))
         h.store.run(acquire(k, "N", payload="n"))  # while A runs: a run is owed
         op = claim(k, "A", "hold", latest=latest, handoff_job_id="H")
-        again = h.after(0.3, lambda op=op: (reply := h.store.run(op)).outcome == "run" and reply)
+
+        def taken_over(op: Claim = op) -> ClaimReply | None:
+            reply = h.store.run(op)
+            return reply if reply.outcome == "run" else None  # (running until the lease ends)
+
+        again = h.after(0.3, taken_over)
         done = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="H"))
         if latest:  # supersede: the copy ran the newest arguments; nothing more is owed
             assert again.arguments == "n" and done.handoff is None

@@ -411,7 +411,7 @@ def test_short_soak_keeps_every_promise(tmp_path: Path) -> None:
     newest = totals["newest_wins"]
     assert all(n["deduplicated"] > 10 for n in newest.values()), newest
     assert report["latest_arguments"]["runs_examined"] > 100
-    assert all(n > 10 for n in report["latest_arguments"]["runs_examined_by_task"].values())
+    assert all(n > 3 for n in report["latest_arguments"]["runs_examined_by_task"].values())
     assert len(report["latest_arguments"]["runs_examined_by_task"]) == 3
     assert report["latest_arguments"]["handoff_runs_examined"] > 0
     assert report["one_run_per_burst"]["runs_examined"] > 50

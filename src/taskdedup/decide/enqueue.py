@@ -49,9 +49,10 @@ def plan_enqueue(
     ttl = ms(p.ttl_seconds + max(delay, 0.0))
     if expires_in is not None and p.strategy != "until_expired":  # a throttle outlives runs
         ttl = min(ttl, ms(max(expires_in, 0.0) + settings.grace))
+    # debounce: the lock lives its ttl, not just past the cap (max_wait): a delivery that comes
+    # late (a backlog) still finds the burst's latest arguments on it (the chaos soak found
+    # them lost when the lock lapsed a grace after the cap)
     debounce_ms, wait_ms = p.debounce_ms
-    if debounce_ms:  # its run is due by the cap: a lock still queued a grace after that has
-        ttl = min(ttl, wait_ms + ms(settings.grace))  # lost its delivery; the key frees itself
     grace = min(ms(settings.grace), ttl)
     dry = settings.dry_run
     if not tp.keeps_arguments:

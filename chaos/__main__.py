@@ -99,12 +99,12 @@ def summary(report: dict[str, Any]) -> list[str]:
         f"{n_['submissions_examined']}; excused, revoked or lost in transport: "
         f"{n_['excused_revoked_or_lost_in_transport']}; set apart, having met a store "
         f"outage: {n_['set_apart_store_fault']})",
-        f"debounce: latest arguments lost, the run came after its lock lapsed (max_wait + grace "
-        f"after its burst's first submission; a taskdedup bug): "
+        f"debounce: latest arguments lost by a run past max_wait + grace after its burst's "
+        f"first submission (where its lock lapsed before 2d47df2): "
         f"{a['lapsed_count'] + b['lapsed_count'] + n_['lapsed_count']}  ({a['lapsed_count']} "
         f"runs of stale arguments, {n_['lapsed_count']} submissions whose arguments never ran, "
         f"{b['lapsed_count']} bursts started within the delay; "
-        f"{b['jobs_run_after_their_lock_lapsed']} bursts ran after their lock lapsed)",
+        f"{b['jobs_run_after_their_lock_lapsed']} bursts ran that late)",
     ]
     return lines
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         ("not the latest arguments", report["latest_arguments"]["samples"]),
         ("burst not run once", report["one_run_per_burst"]["samples"]),
         ("never ran, nor anything newer", report["newest_ran"]["samples"]),
-        ("ran after its lock lapsed", report["latest_arguments"]["lapsed_samples"]),
+        ("late run, not the latest arguments", report["latest_arguments"]["lapsed_samples"]),
     ):
         for sample in samples[:3]:
             print(f"  sample {section}: {json.dumps(sample, default=str)}")

@@ -409,13 +409,12 @@ def tainted_jobs(runs: list[Run], jobs: Jobs, tasks: set[str]) -> set[str]:
 
 
 def lapsed_jobs(runs: list[Run], jobs: Jobs, lapse: dict[str, float]) -> set[str]:
-    """Debounced jobs whose first run started after their burst's lock had lapsed: the store
-    keeps a debounce lock (and with it the burst's latest arguments) ``max_wait + grace``
-    after the burst's first submission (README "Newest wins": a burst whose message was lost
-    frees its key then). A message merely late (a busy queue, a re-delivery after a kill -9)
-    then runs its own, the first submission's, arguments, and the later submissions' are
-    dropped: a taskdedup bug, counted under a name of its own, never silently. ``lapse``:
-    task -> those seconds."""
+    """Debounced jobs whose first run started more than ``max_wait + grace`` after their
+    burst's first submission (``lapse``: task -> those seconds): a re-delivery after a kill -9,
+    a busy queue. Until commit 2d47df2 the store let a debounce lock (and with it the burst's
+    latest arguments) lapse then, so such a run ran its first submission's arguments and
+    dropped the later ones: the soak found that. Their violations are still violations; they
+    are counted under a name of their own, so a return of that bug is recognized at once."""
     first = _first_starts([r for r in runs if r.task in lapse])
     out: set[str] = set()
     for job, start in first.items():
@@ -443,8 +442,8 @@ def latest_arguments(
     sent after that job's first start (the duplicates that owed one more run). A retry's run
     (attempt > 0) is only checked to run a candidate's arguments. Runs of jobs in a busy period
     of their key that met a store outage (:func:`tainted_jobs`) are set apart, and counted;
-    violations by debounced jobs that ran after their lock lapsed (:func:`lapsed_jobs`) are
-    counted apart, as ``lapsed_count``."""
+    violations by debounced jobs whose run came past max_wait + grace (:func:`lapsed_jobs`)
+    are counted under a name of their own, ``lapsed_count`` (still violations)."""
     seqs = _seqs(jobs)
     first = _first_starts(runs)
     tainted = tainted_jobs(runs, jobs, tasks)
@@ -540,8 +539,8 @@ def one_run_per_burst(
       submission comes after the previous job's claim), CLOCK_SLACK allowed.
 
     Jobs (and pairs) of a key's busy period that met a store outage (:func:`tainted_jobs`)
-    are set apart, and counted; a pair whose earlier job ran after its lock lapsed
-    (:func:`lapsed_jobs`: the next burst began meanwhile) is counted apart."""
+    are set apart, and counted; a close pair whose earlier job ran past max_wait + grace
+    (:func:`lapsed_jobs`) is counted under a name of its own, ``lapsed_count``."""
     by_key = _by_key(runs, tasks)
     first = _first_starts([r for key_runs in by_key.values() for r in key_runs])
     tainted = tainted_jobs(runs, jobs, tasks)
@@ -641,8 +640,9 @@ def newest_ran(
     burst). Excused: submissions answered with a revoked or expired job (README: a revoke
     drops the job and the duplicates it answered for), or with a job lost in the broker
     transport. Set apart: submissions answered with a job of a key's busy period that met a
-    store outage (:func:`tainted_jobs`). Counted apart (``lapsed_count``): submissions
-    answered with a debounced job that ran after its lock lapsed (:func:`lapsed_jobs`)."""
+    store outage (:func:`tainted_jobs`). Under a name of their own (``lapsed_count``, still
+    violations): submissions answered with a debounced job whose run came past max_wait +
+    grace (:func:`lapsed_jobs`)."""
     seqs = _seqs(jobs)
     tainted = tainted_jobs(runs, jobs, tasks)
     lapsed = lapsed_jobs(runs, jobs, lapse or {})

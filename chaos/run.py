@@ -42,7 +42,7 @@ from .servers import RedisServer
 
 EXCLUSIVE_TASKS = {task_name(s) for s in EXCLUSIVE}
 NEWEST_TASKS = {task_name(s) for s in NEWEST}
-#: seconds after a burst's first submission at which its debounce lock lapses (check.lapsed_jobs)
+#: seconds after a burst's first submission past which a debounced run is late (check.lapsed_jobs)
 LAPSE = {task_name("debounce"): DEBOUNCE_MAX_WAIT + GRACE}
 
 
@@ -394,9 +394,9 @@ class Soak:
             "runs not of the latest arguments": report["latest_arguments"]["count"],
             "debounce bursts not run once": report["one_run_per_burst"]["count"],
             "submissions whose arguments (or newer) never ran": report["newest_ran"]["count"],
-            # a taskdedup bug (see check.lapsed_jobs): a late debounced run loses the burst's
-            # latest arguments once its lock lapsed (max_wait + grace after the burst began)
-            "debounce: latest arguments lost, the run came after its lock lapsed": (
+            # the bug the soak found (fixed in 2d47df2, see check.lapsed_jobs): a debounced
+            # run later than max_wait + grace lost the burst's latest arguments
+            "debounce: latest arguments lost by a run past max_wait + grace": (
                 report["latest_arguments"]["lapsed_count"]
                 + report["one_run_per_burst"]["lapsed_count"]
                 + report["newest_ran"]["lapsed_count"]

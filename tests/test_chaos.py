@@ -300,6 +300,10 @@ def test_one_run_per_burst_finds_a_burst_run_twice_an_orphan_an_early_run_and_cl
         nsubmit("M", "m1", 40.0, dedup=False, name="k5"),  # M and N both ran m1
         nsubmit("N", "n1", 41.0, dedup=False, name="k5"),
         nsubmit("S", "s1", 50.0, dedup=False, name="k6"),  # as K, in a store outage
+        # W's burst; O's call met the stalled store, went out as a job of its own and was yet
+        # folded into W when the store woke: o1 ran under both, set apart (G5)
+        nsubmit("W", "w1", 59.0, dedup=False, name="k7"),
+        nsubmit("O", "o1", 60.0, dedup=False, name="k7"),
     ]
     events = [
         nstart("r1", "J", 1.0, "j2"),
@@ -324,9 +328,13 @@ def test_one_run_per_burst_finds_a_burst_run_twice_an_orphan_an_early_run_and_cl
         end("r10", 50.9),
         nstart("r11", "S", 51.5, "s1", name="k6"),
         end("r11", 51.6),
+        nstart("r12", "W", 61.0, "o1", name="k7"),
+        end("r12", 61.1),
+        nstart("r13", "O", 61.8, "o1", name="k7"),
+        end("r13", 61.9),
     ]
     runs, _ = check.build_runs(events, [], 100.0)
-    jobs = check.Jobs(ledger, store_outages=[(50.5, 52.0)])
+    jobs = check.Jobs(ledger, store_outages=[(50.5, 52.0), (59.8, 60.5)])
     result = check.one_run_per_burst(runs, jobs, {DEBOUNCE}, 0.7, 2.5)
     assert result["jobs_run_twice"] == 1
     assert result["runs_of_jobs_no_producer_got"] == 1
@@ -334,7 +342,8 @@ def test_one_run_per_burst_finds_a_burst_run_twice_an_orphan_an_early_run_and_cl
     assert result["bursts_started_within_delay"] == 1
     assert result["seqs_run_under_two_jobs"] == 1
     assert result["count"] == 5
-    assert result["set_apart_store_fault"] == 1 and result["jobs_examined"] == 8
+    assert result["set_apart_store_fault"] == 3 and result["jobs_examined"] == 8
+    assert result["seqs_run_under_two_jobs_set_apart_store_fault"] == 1
     # J alone, its first delivery cut by a kill -9 and delivered again: clean
     cut = {**nstart("r0", "J", 1.0, "j2"), "pid": 9}
     kill = {"t": 1.05, "pids": [9], "kind": "child"}

@@ -23,6 +23,7 @@ from .errors import (
     Superseded,
 )
 from .idempotency import IdempotencyKeys, Recall
+from .pacing import PacePolicy, Pacer
 from .policy import Policy, TaskPolicy
 from .reservations import Reservation, ReservationGuard, ReservePolicy
 from .settings import Settings
@@ -47,6 +48,8 @@ __all__ = [
     "InvalidIdempotencyKey",
     "KeyEncodingError",
     "MemoryStore",
+    "PacePolicy",
+    "Pacer",
     "PayloadTooLarge",
     "Policy",
     "QuotaExceeded",

@@ -112,16 +112,30 @@ class ReservePolicy:
         kwargs: Mapping[str, Any],
     ) -> str:
         """The scope of one call."""
-        bound = dict(kwargs) if fn is None else _keys.bind_arguments(task, fn, args, kwargs)
-        if callable(self.scope):
-            try:
-                named = self.scope(**bound) if fn is not None else self.scope(*args, **kwargs)
-            except Exception as exc:
-                raise KeyEncodingError(task, "scope", f"callable failed: {exc!r}") from exc
-            return str(named)
-        if self.scope not in bound:
-            raise ConfigError(f"task {task!r}: pass {self.scope!r} by name to reserve a slot")
-        return f"{self.scope}={bound[self.scope]}"
+        return scope_of(task, "reserve", self.scope, fn, args, kwargs)
+
+
+def scope_of(
+    task: str,
+    option: str,
+    scope: str | Callable[..., Any],
+    fn: Callable[..., Any] | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> str:
+    """The scope one call names (``@reserve``'s and ``@pace``'s ``scope``): ``"<argument>=
+    <value>"`` for an argument's name (shared by every task that names the same argument), or
+    what a callable of the arguments (by name, defaults applied) returns."""
+    bound = dict(kwargs) if fn is None else _keys.bind_arguments(task, fn, args, kwargs)
+    if callable(scope):
+        try:
+            named = scope(**bound) if fn is not None else scope(*args, **kwargs)
+        except Exception as exc:
+            raise KeyEncodingError(task, "scope", f"callable failed: {exc!r}") from exc
+        return str(named)
+    if scope not in bound:
+        raise ConfigError(f"task {task!r}: pass {scope!r} by name ({option} scope)")
+    return f"{scope}={bound[scope]}"
 
 
 def _without_slot(held: Lease) -> Lease:

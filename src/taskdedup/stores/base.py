@@ -316,6 +316,18 @@ class ListSlots(Op[list[Slot]]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Pace(Op[int]):
+    """The next free start of ``scope``'s pace, as milliseconds from now (0: at once), taken
+    for one submission: at most ``burst`` start at once, then one every ``interval_ms``
+    (GCRA, delaying instead of refusing). The scope keeps one record: when the next
+    submission would start if no burst were allowed (its theoretical arrival time)."""
+
+    scope: str
+    interval_ms: int
+    burst: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ListScopes(Op[list[str]]):
     """The scopes with live slots (for the tools), at most ``limit``."""
 
@@ -451,9 +463,10 @@ class PushesWithLock(Protocol):
         """The asyncio twin of :meth:`acquire_and_push`."""
 
 
-def scope_key(scope: str) -> str:
-    """The store key of a reservation scope (any string; never used raw in a record name)."""
-    return "res:" + hashlib.sha256(scope.encode()).hexdigest()[:32]
+def scope_key(scope: str, kind: str = "res") -> str:
+    """The store key of a reservation (``res``) or pacing (``pace``) scope (any string; never
+    used raw in a record name)."""
+    return f"{kind}:" + hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 
 def ms(seconds: float) -> int:

@@ -27,6 +27,7 @@ from .base import (
     ListScopes,
     ListSlots,
     Op,
+    Pace,
     Peek,
     R,
     Release,
@@ -61,6 +62,7 @@ TRANSITIONS: dict[type[Any], Callable[[Any, Records], Any]] = {
     Unreserve: slots.unreserve,
     ListSlots: slots.list_slots,
     ListScopes: slots.list_scopes,
+    Pace: slots.pace,
 }
 
 

@@ -32,6 +32,7 @@ from .base import (
     LockInfo,
     LockState,
     Op,
+    Pace,
     Peek,
     Release,
     Remember,
@@ -62,6 +63,7 @@ SCRIPTS = (
     "list_slots",
     "peek",
     "force_unlock",
+    "pace",
 )
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
 
@@ -138,6 +140,7 @@ class ScriptCalls:
             Unreserve: self.unreserve,
             ListSlots: self.list_slots,
             ForceUnlock: self.force_unlock,
+            Pace: self.pace,
         }
 
     def _call(
@@ -246,6 +249,14 @@ class ScriptCalls:
 
     def scope_names(self, scope: str) -> list[str]:
         return self.names(scope_key(scope), "slots", "scope")
+
+    def pace(self, op: Pace) -> ScriptCall:
+        return self._call(
+            "pace",
+            self.names(scope_key(op.scope, "pace"), "pace"),
+            [op.interval_ms, op.burst],
+            int,
+        )
 
     def reserve(self, op: Reserve) -> ScriptCall:
         return self._call(

@@ -1,4 +1,5 @@
-"""Idempotency records and reservation scopes on the record seam (see ``transitions.py``)."""
+"""Idempotency records, reservation scopes and pacing on the record seam (see
+``transitions.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from .base import (
     Lease,
     ListScopes,
     ListSlots,
+    Pace,
     Remember,
     RememberReply,
     Reserve,
@@ -100,3 +102,15 @@ def list_scopes(op: ListScopes, r: Records) -> list[str]:
             if rec is not None:
                 found.append(rec["scope"])
     return found[: op.limit]
+
+
+# -- pacing: {"t": theoretical arrival time, ms} per scope (pace.lua's twin)
+
+
+def pace(op: Pace, r: Records) -> int:
+    name = r.name(scope_key(op.scope, "pace"), "pace")
+    rec = r.get(name)
+    tat = max(rec["t"] if rec is not None else r.now, r.now)
+    start = max(r.now, tat - (op.burst - 1) * op.interval_ms)
+    r.put(name, {"t": tat + op.interval_ms}, tat + op.interval_ms)
+    return start - r.now

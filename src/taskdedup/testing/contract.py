@@ -42,6 +42,7 @@ from ..stores.base import (
     Lease,
     ListScopes,
     ListSlots,
+    Pace,
     Peek,
     Release,
     Remember,
@@ -1048,3 +1049,36 @@ def test_peek_answers_the_holder_and_counts_a_duplicate_but_takes_a_free_key_nev
     assert seen is not None and seen.holder == "A" and seen.fence == first.fence
     assert seen.duplicates == 1 and not seen.acquired
     assert h.store.run(Peek(held, record_duplicate=False)).duplicates == 1  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------- pacing (GCRA)
+
+
+def test_pace_lets_a_burst_start_at_once_then_spaces_the_rest_at_the_interval(
+    h: Harness,
+) -> None:
+    """burst 3 at one every 200 ms: three start at once, then 200 ms apart; nothing is
+    refused. (Each call's answer is counted from its own now, so a few ms pass between.)"""
+    scope = "pace-" + new_key()
+    waits = [h.store.run(Pace(scope, 200, 3)) for _ in range(5)]
+    assert waits[:3] == [0, 0, 0], waits
+    assert 150 <= waits[3] <= 200 and 350 <= waits[4] <= 400, waits
+    assert h.store.run(Pace("other-" + new_key(), 200, 3)) == 0  # scopes are apart
+
+
+def test_fifty_concurrent_paced_submissions_each_get_a_start_of_their_own(h: Harness) -> None:
+    """One a second, burst 1: fifty submissions at the same instant are given fifty distinct
+    starts, a second apart (none at the same time, none dropped; the few ms the calls take
+    between them are well under half a second)."""
+    scope = "pace-" + new_key()
+    waits = sorted(race(50, lambda i: h.store.run(Pace(scope, 1000, 1))))
+    slots = sorted(round(w / 1000) for w in waits)
+    assert slots == list(range(50)), waits
+
+
+def test_a_quiet_paced_scope_starts_at_once_again_and_keeps_nothing(h: Harness) -> None:
+    """Once the scope's last start has passed, the next submission starts at once: the pace
+    keeps no debt (and its record is gone when it holds nothing back: G9)."""
+    scope = "pace-" + new_key()
+    assert [h.store.run(Pace(scope, 150, 1)) for _ in range(2)][1] > 0
+    assert h.after(0.3, lambda: h.store.run(Pace(scope, 150, 1)) == 0)

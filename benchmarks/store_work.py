@@ -560,6 +560,46 @@ def _taskiq_rows(store: str, n: int, rounds: int) -> list[dict]:
 # --- the section ----------------------------------------------------------------------------
 
 
+# --- the store's primitives on their own ------------------------------------------------------
+
+
+def _primitives(store: str, n: int, rounds: int) -> list[dict[str, Any]]:
+    """A paced submission (issue 27: ``Pacer.delay``, one GCRA decision) and, beside it, a
+    reservation (``ReservationGuard``: reserve, then give the slot back), ``n`` of each on
+    their own scope, counted as the rows above (median of ``rounds``)."""
+    from taskdedup import PacePolicy, Pacer, ReservationGuard
+
+    admin = redis.Redis.from_url(store)
+    target = RedisStore.from_url(store, key_prefix="bench-prim-" + uuid.uuid4().hex[:6])
+    pacer, guard = Pacer(target), ReservationGuard(target)
+    policy = PacePolicy("1000/s", burst=10)
+
+    def paced(i: int) -> None:
+        pacer.delay(f"scope-{i % 10}", policy)
+
+    def reserved(i: int) -> None:
+        scope = f"scope-{i % 10}"
+        with guard.reserve(scope, max_concurrent=5, ttl=60):
+            pass  # not consumed: the slot is given back as the block ends
+
+    found: dict[str, list[Work]] = {"paced submission": [], "reservation, given back": []}
+    for _ in range(rounds):
+        for op, step in (("paced submission", paced), ("reservation, given back", reserved)):
+            before = settle(admin, QUIET_SYNC)
+            for i in range(n):
+                step(i)
+            found[op].append(Work.between(before, settle(admin, QUIET_SYNC), n))
+    target.close()
+    admin.close()
+    rows = []
+    for op, works in found.items():
+        row = {"group": "store primitives", "library": "taskdedup", "operation": op, "ops": n}
+        row |= _median_dict([w.figures() for w in works])
+        row["cpu_usec_per_op"] = _cpu(row, None)
+        rows.append(row)
+    return rows
+
+
 def run(url: str, n: int = 700, rounds: int = 3) -> dict[str, Any]:
     """The "store_work" section of the results: rows per library and operation, leftovers."""
     started = time.monotonic()
@@ -568,6 +608,7 @@ def run(url: str, n: int = 700, rounds: int = 3) -> dict[str, Any]:
         with peers_on(store):
             rows, left = _celery(url, store, n, rounds)
         rows += _taskiq_rows(store, n, rounds)
+        primitives = _primitives(store, n, rounds)
     print(f"store work counted in {time.monotonic() - started:.0f} s")
     return {
         "store_server": PRIVATE if own else url,
@@ -576,6 +617,7 @@ def run(url: str, n: int = 700, rounds: int = 3) -> dict[str, Any]:
         "quiet_s": {"taskdedup": QUIET, "others": QUIET_SYNC},
         "rows": rows,
         "leftovers": left,
+        "primitives": primitives,
     }
 
 
@@ -635,4 +677,12 @@ def text(section: dict[str, Any]) -> str:
         if own
         else "on RabbitMQ it is 0 (store apart: the broker is another database of that server)",
     )
-    return "**Store work per operation**\n\n" + table(section) + "\n\n" + note
+    prims = section.get("primitives") or []
+    lines = ["| primitive | commands / µs per operation |", "|---|---:|"]
+    lines += [
+        f"| {r['operation']} | {r['commands_per_op']:.1f} / {r['cpu_usec_per_op']:.0f} |"
+        for r in prims
+    ]
+    extra = ("\n\nThe store's primitives on their own (same counting):\n\n" + "\n".join(lines)
+             if prims else "")  # fmt: skip
+    return "**Store work per operation**\n\n" + table(section) + "\n\n" + note + extra

@@ -12,7 +12,7 @@ import time
 import redis
 from celery import Celery, signals
 
-from taskdedup.celery import deduplicate, install, reserve
+from taskdedup.celery import deduplicate, install, pace, reserve
 
 URL = os.environ["TD_REDIS_URL"]
 BROKER = os.environ.get("TD_BROKER_URL") or URL
@@ -249,3 +249,14 @@ def _noted_run(name: str, n: int, seconds: float) -> int:
 def superseding_late_job(name: str, n: int, seconds: float = 0.0) -> int:
     """Notes each run; acks late: the broker delivers a killed run's message again."""
     return _noted_run(name, n, seconds)
+
+
+@pace("10/s")
+@app.task(name="sub.paced_job", shared=False)
+def paced_job(n: int) -> int:
+    """Notes when it started (issue 27: one every 100 ms, whoever submitted it)."""
+    import json
+
+    marks.rpush(f"{PREFIX}:mark:paced", json.dumps([n, time.time()]))
+    marks.expire(f"{PREFIX}:mark:paced", 600)
+    return n

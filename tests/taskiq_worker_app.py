@@ -17,7 +17,7 @@ from taskiq.abc.middleware import TaskiqMiddleware
 from taskiq.state import TaskiqState
 from taskiq_redis import ListQueueBroker, RedisAsyncResultBackend, RedisStreamBroker
 
-from taskdedup.taskiq import DedupMiddleware, deduplicate, reserve
+from taskdedup.taskiq import DedupMiddleware, deduplicate, pace, reserve
 
 URL = os.environ["TD_REDIS_URL"]
 PREFIX = os.environ["TD_PREFIX"]
@@ -254,3 +254,14 @@ def exporting_sync(name: str, version: int) -> int:
     finally:
         marks.rpush(f"{PREFIX}:mark:seen:{name}", f"end {version} {time.time()}")
     return version
+
+
+@pace("10/s")
+@broker.task(task_name="sub.paced")
+async def paced(n: int) -> int:
+    """Notes when it started (issue 27: one every 100 ms, whoever kicked it)."""
+    import json
+
+    marks.rpush(f"{PREFIX}:mark:paced", json.dumps([n, time.time()]))
+    marks.expire(f"{PREFIX}:mark:paced", 600)
+    return n

@@ -112,3 +112,31 @@ def test_two_producer_processes_share_one_pace_none_dropped_in_order(
     gaps = [b - a for a, b in itertools.pairwise(every)]
     assert min(gaps) >= 0.09, gaps
     assert every[-1] - every[0] >= 99 * 0.1 - 0.1  # the whole burst spread over ~10 s
+
+
+def test_a_bad_pace_on_a_task_is_refused_at_definition_naming_the_task() -> None:
+    from celery import Celery
+    from taskiq import InMemoryBroker
+
+    from taskdedup.celery import pace
+    from taskdedup.taskiq import pace as pace_taskiq
+
+    app = Celery("pacing-errors", broker="memory://", set_as_current=False)
+    with pytest.raises(ConfigError, match=r"task 'reports\.sync': pace rate '10 per minute'"):
+
+        @pace("10 per minute")
+        @app.task(name="reports.sync", shared=False)
+        def sync(tenant: str) -> None: ...
+
+    with pytest.raises(ConfigError, match=r"pace: scope='nope' is not one of its parameters"):
+
+        @pace("10/m", scope="nope")
+        @app.task(name="reports.other", shared=False)
+        def other(tenant: str) -> None: ...
+
+    broker = InMemoryBroker()
+    with pytest.raises(ConfigError, match="pace burst must be an int >= 1, not 0"):
+
+        @pace_taskiq("1/s", burst=0)
+        @broker.task(task_name="reports.render")
+        async def render(tenant: str) -> None: ...

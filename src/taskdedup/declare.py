@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from .errors import ConfigError
+from .pacing import PacePolicy
 from .policy import TaskPolicy, given_options
 from .reservations import ReservePolicy
 from .settings import Settings
@@ -42,6 +43,16 @@ def bind_limits(options: Any, task: str, fn: Callable[..., Any]) -> ReservePolic
     except (ConfigError, TypeError) as exc:
         raise ConfigError(f"task {task!r}: reserve: {exc}") from None
     return limits
+
+
+def bind_pace(options: Any, task: str, fn: Callable[..., Any]) -> PacePolicy:
+    """A ``pace`` declaration, checked against ``fn``; a ConfigError names ``task``."""
+    try:
+        pace = PacePolicy.from_options(options)
+        pace.check(task, fn)
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"task {task!r}: pace: {exc}") from None
+    return pace
 
 
 def kept(owner: Any, options: Any, attr: str, build: Callable[[Any], T]) -> T | None:

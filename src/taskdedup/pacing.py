@@ -27,7 +27,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import keys as _keys
 from .errors import ConfigError
+from .flow import Flow, adrive, drive
 from .reservations import scope_of
 from .settings import Settings
 from .stores.base import Pace, Store, ms
@@ -94,6 +96,17 @@ class PacePolicy:
             )
         return cls(**options)
 
+    def check(self, task: str, fn: Callable[..., Any] | None) -> None:
+        """A scope argument the task does not take is a ConfigError now, not at enqueue."""
+        if isinstance(self.scope, str) and fn is not None:
+            params = _keys.signature_parameters(fn)
+            if self.scope not in params:
+                raise ConfigError(
+                    f"scope={self.scope!r} is not one of its parameters "
+                    f"({', '.join(params) or 'none'}); name one, pass a callable, or leave it "
+                    "out to pace the task as a whole"
+                )
+
     def scope_for(
         self,
         task: str,
@@ -118,24 +131,19 @@ class Pacer:
         self.store = store
         self.settings = settings or Settings()
 
-    def _op(self, scope: str, policy: PacePolicy) -> Pace:
-        return Pace(scope, ms(policy.interval_seconds), policy.burst)
-
     def delay(self, scope: str, policy: PacePolicy) -> float:
         """Seconds from now until this submission of ``scope`` may start (0: at once)."""
-        if not self.settings.enabled:
-            return 0.0
-        return self._read(scope, self.store.run(self._op(scope, policy)))
+        return drive(self.delay_flow(scope, policy), self.store)
 
     async def adelay(self, scope: str, policy: PacePolicy) -> float:
+        return await adrive(self.delay_flow(scope, policy), self.store)
+
+    def delay_flow(self, scope: str, policy: PacePolicy) -> Flow[float]:
+        """:meth:`delay` as a flow (a submission takes it after its cap)."""
         if not self.settings.enabled:
             return 0.0
-        return self._read(scope, await self.store.arun(self._op(scope, policy)))
-
-    def _read(self, scope: str, wait_ms: int) -> float:
+        wait_ms: int = yield Pace(scope, ms(policy.interval_seconds), policy.burst)
         if self.settings.dry_run and wait_ms > 0:
-            log.info(
-                "taskdedup: pace would_delay scope=%s by %.3fs (dry run)", scope, wait_ms / 1e3
-            )
+            log.info("taskdedup: pace would_delay scope=%s by %.3fs", scope, wait_ms / 1000)
             return 0.0
         return wait_ms / 1000

@@ -28,6 +28,7 @@ from .decide import Step, Ticket
 from .errors import DuplicateJob, QuotaExceeded, StoreUnavailable
 from .flow import Flow, ask
 from .idempotency import IdempotencyKeys, Recall, fingerprint
+from .pacing import PacePolicy, Pacer
 from .policy import TaskPolicy
 from .recent import RecentKeys
 from .reservations import ReservationGuard, ReservePolicy
@@ -67,6 +68,7 @@ class Call:
     #: the call's arguments in the framework's serializer, for a policy that keeps the latest
     #: duplicate's arguments (reschedule_once): asked for only then
     dump: Callable[[], str] | None = None
+    pace: PacePolicy | None = None  # the task's pace (@pace): a start given after the cap
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,6 +82,9 @@ class Taken:
     ticket: Ticket | None = None
     recall: Recall | None = None
     scope: str | None = None  # the scope whose slot the job holds, for the message
+    #: @pace: seconds from now the job may start, when later than the call's own delay (the
+    #: adapter publishes it with that countdown); None: as the call asked
+    start_in: float | None = None
 
 
 def submit(
@@ -137,10 +142,29 @@ def take(
                 dedup.store_unavailable("reserve", call.task, exc, scope=scope, job=call.job_id)
             else:
                 taken.scope = scope
+        if call.pace is not None:
+            taken.start_in = yield from paced(dedup, call, call.pace)
     except BaseException:
         yield from give_back(dedup, keys, guard, taken)
         raise
     return taken
+
+
+def paced(dedup: Deduplicator, call: Call, pace: PacePolicy) -> Flow[float | None]:
+    """The start a paced call is given (after its idempotency key, dedup policy and cap, so a
+    hit, a duplicate or a refusal takes no start): seconds from now when later than the call's
+    own delay, else None. A store that cannot answer follows on_store_error (``enqueue``:
+    published at once, unpaced)."""
+    scope = pace.scope_for(call.task, call.fn, call.args, call.kwargs)
+    try:
+        wait = yield from Pacer(dedup.store, dedup.settings).delay_flow(scope, pace)
+    except StoreUnavailable as exc:  # "raise" raises here; "enqueue" goes on without
+        dedup.store_unavailable("pace", call.task, exc, scope=scope, job=call.job_id)
+        return None
+    if wait <= call.delay:
+        return None
+    dedup.note("pace", "delayed", logging.DEBUG, call.task, scope=scope, job=call.job_id)
+    return wait
 
 
 def lately_key(

@@ -13,6 +13,6 @@ from __future__ import annotations
 
 from .integration import install
 from .state import CeleryDedup, integration_for
-from .tasks import deduplicate, reserve
+from .tasks import deduplicate, pace, reserve
 
-__all__ = ["CeleryDedup", "deduplicate", "install", "integration_for", "reserve"]
+__all__ = ["CeleryDedup", "deduplicate", "install", "integration_for", "pace", "reserve"]

@@ -41,7 +41,7 @@ from .canvas import MIN_PATIENCE, publish_follower, register, results_kept
 from .messages import RESEND_OPTION, SCOPE_HEADER, add_key, call_of
 from .redis_push import PENDING, NotPublished, PendingEnqueue, StoreDown, hear_sent
 from .state import CeleryDedup
-from .tasks import task_limits, task_policy
+from .tasks import task_limits, task_pace, task_policy
 
 log = logging.getLogger("taskdedup")
 
@@ -62,23 +62,24 @@ class Publisher:
         if options.pop(RESEND_OPTION, False):  # the worker's own publish: as it is
             return self.original(name, args, kwargs, **options)
         task = integ.app.tasks.get(name)
-        policy = limits = None
+        policy = limits = pace = None
         if task is not None:
-            policy = task_policy(task, integ.settings)
-            limits = task_limits(task)
-        if policy is None and limits is None and idempotency[0] is None:
+            policy, limits = task_policy(task, integ.settings), task_limits(task)
+            pace = task_pace(task)
+        if policy is None and limits is None and pace is None and idempotency[0] is None:
             return self.original(name, args, kwargs, **options)
         if task is not None:
             integ.prepare(task)  # a task registered after the app was finalized
         known = getattr(self._known, "call", None)  # bound once: in apply_async, then here
         key = known[2] if known and known[0] is args and known[1] is kwargs else None
         call = call_of(task, name, args, kwargs, options, policy, limits, idempotency, key)
-        call.scheduled = scheduled_entry()
+        call.scheduled, call.pace = scheduled_entry(), pace
         call.in_worker = call.member and integ.app.current_worker_task is not None
         if call.member and not call.retry:  # never capped, followed when a duplicate
             if policy is None or idempotency[0] is not None or not results_kept(integ, task):
                 return self.original(name, args, kwargs, **options)  # as it is: never waits
-        elif policy and not (call.retry or call.limits or call.idempotency_key or call.scheduled):
+        elif policy and not (call.retry or call.limits or call.pace or call.idempotency_key
+                             or call.scheduled):  # fmt: skip
             fast = self._publish_fast(call, policy, name, args, kwargs, options)
             if fast is not None:
                 return fast
@@ -113,6 +114,9 @@ class Publisher:
             add_key(taken.key, options)
         if taken.scope is not None:
             options["headers"] = {**(options.get("headers") or {}), SCOPE_HEADER: taken.scope}
+        if taken.start_in is not None:  # @pace: a later start than the call asked for
+            options.pop("eta", None)
+            options["countdown"] = taken.start_in
         try:
             result = publish(name, args, kwargs, **options)
         except BaseException:  # the publish failed: give back what was taken (G5); a retry's

@@ -1,5 +1,5 @@
-"""Per-task declarations: ``@deduplicate(...)`` and ``@reserve(...)`` (or the ``deduplicate=``
-and ``reserve=`` task options).
+"""Per-task declarations: ``@deduplicate(...)``, ``@reserve(...)`` and ``@pace(...)`` (or the
+``deduplicate=``, ``reserve=`` and ``pace=`` task options).
 
 A task option or a Task class keeps its declaration on the task (``task.deduplicate``,
 ``task.reserve``), so a policy set on a base class is inherited by its subclasses. The
@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from celery.local import Proxy
 
-from ..declare import bind_limits, bind_policy, decorator_options, kept
+from ..declare import bind_limits, bind_pace, bind_policy, decorator_options, kept
 from ..errors import ConfigError
+from ..pacing import PacePolicy
 from ..policy import PolicyOptions, Seconds, Strategy, TaskPolicy
 from ..reservations import DEFAULT_TTL, ReservePolicy
 from ..settings import Settings
@@ -27,10 +28,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _BOUND = "_taskdedup_bound"
-_LIMITS = "_taskdedup_limits"
 #: Where the decorators keep a declaration on a task's function.
 FUNCTION_ATTR = "_taskdedup_deduplicate"
 RESERVE_ATTR = "_taskdedup_reserve"
+PACE_ATTR = "_taskdedup_pace"
 
 
 def deduplicate(
@@ -55,12 +56,22 @@ def reserve(
     or a callable of the task's arguments; ``ttl``: seconds a slot lives from reservation
     until the job starts."""
     options = {"max_concurrent": max_concurrent, "scope": scope, "ttl": ttl}
+    return _decorator("reserve", RESERVE_ATTR, lambda: _valid(ReservePolicy, options))
 
-    def checked() -> dict[str, Any]:
-        ReservePolicy.from_options(options)
-        return options
 
-    return _decorator("reserve", RESERVE_ATTR, checked)
+def pace(
+    rate: str, burst: int = 1, scope: str | Callable[..., Any] | None = None
+) -> Callable[[T], T]:
+    """Pace a Celery task: a submission over ``rate`` (``"10/m"``) per scope is published with
+    a countdown to the next free start, never dropped; stack it as ``@reserve``. ``scope``: as
+    ``@reserve``'s, or None (the task itself); ``burst``: starts at once before the spacing."""
+    options = {"rate": rate, "burst": burst, "scope": scope}
+    return _decorator("pace", PACE_ATTR, lambda: _valid(PacePolicy, options))
+
+
+def _valid(policy: Any, options: dict[str, Any]) -> dict[str, Any]:
+    policy.from_options(options)  # a bad option raises now, as the task is defined
+    return options
 
 
 def _decorator(kind: str, attr: str, options: Callable[[], dict[str, Any]]) -> Callable[[T], T]:
@@ -152,7 +163,7 @@ def _check(name: str, fn: Callable[..., Any], attr: str, options: Any) -> None:
     if attr == "deduplicate":
         Settings().policy(options).bind(name, fn)
     else:
-        bind_limits(options, name, fn)
+        (bind_pace if attr == "pace" else bind_limits)(options, name, fn)
 
 
 def declared(task: Any, attr: str, function_attr: str) -> Any:
@@ -170,10 +181,18 @@ def task_policy(task: Any, defaults: Settings) -> TaskPolicy | None:
     return kept(task, declared(task, "deduplicate", FUNCTION_ATTR), _BOUND, bind)
 
 
+def task_pace(task: Any) -> PacePolicy | None:
+    """The task's pace (cached on the task), or None when it declares none."""
+    return _bound(task, "pace", PACE_ATTR, bind_pace)  # type: ignore[no-any-return]
+
+
 def task_limits(task: Any) -> ReservePolicy | None:
     """The task's reservation cap (cached on the task), or None when it declares none."""
+    return _bound(task, "reserve", RESERVE_ATTR, bind_limits)  # type: ignore[no-any-return]
 
-    def build(options: Any) -> ReservePolicy:
-        return bind_limits(options, task.name, task_function(task))
 
-    return kept(task, declared(task, "reserve", RESERVE_ATTR), _LIMITS, build)
+def _bound(task: Any, attr: str, function_attr: str, bind: Callable[..., Any]) -> Any:
+    def build(options: Any) -> Any:
+        return bind(options, task.name, task_function(task))
+
+    return kept(task, declared(task, attr, function_attr), "_taskdedup_kept_" + attr, build)

@@ -13,7 +13,7 @@ handle = await rebuild.kiq(1)      # handle.deduplicated: False, or True for the
 from __future__ import annotations
 
 from .middleware import DedupMiddleware
-from .options import FENCE_LABEL, KEY_LABEL, deduplicate, reserve
+from .options import FENCE_LABEL, KEY_LABEL, deduplicate, pace, reserve
 from .producer import DedupKicker, DedupTask
 
 __all__ = [
@@ -23,5 +23,6 @@ __all__ = [
     "DedupMiddleware",
     "DedupTask",
     "deduplicate",
+    "pace",
     "reserve",
 ]

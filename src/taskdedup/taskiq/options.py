@@ -21,8 +21,9 @@ from taskiq.message import TaskiqMessage
 from taskiq_dependencies.dependency import Dependency
 
 from ..decide import envelope
-from ..declare import bind_limits, bind_policy, decorator_options, kept
+from ..declare import bind_limits, bind_pace, bind_policy, decorator_options, kept
 from ..errors import ConfigError
+from ..pacing import PacePolicy
 from ..policy import STRATEGIES, Policy, PolicyOptions, Seconds, Strategy, TaskPolicy
 from ..reservations import DEFAULT_TTL as DEFAULT_RESERVE_TTL
 from ..reservations import ReservePolicy
@@ -55,11 +56,16 @@ RUN_KWARG = "__taskdedup_run__"
 #: whose slot a sent job holds (set by taskdedup).
 RESERVE_LABEL = "reserve"
 SCOPE_LABEL = envelope.SCOPE
+#: The pace (``@broker.task(pace={...})`` or ``@pace(...)``), and when a paced job may start
+#: (epoch seconds, set by taskdedup: the worker holds an earlier delivery back until then).
+PACE_LABEL = "pace"
+START_LABEL = "taskdedup_start_at"
 #: taskiq's retry middlewares count attempts in this label.
 RETRIES_LABEL = "_retries"
 #: Where ``@deduplicate`` keeps the declaration of a function not yet made a task.
 FUNCTION_ATTR = "__taskdedup__"
 RESERVE_ATTR = "__taskdedup_reserve__"
+PACE_ATTR = "__taskdedup_pace__"
 _BOOLEAN_OPTIONS = ("including_scheduled", "per_queue")
 _DEFAULTS: dict[str, Any] = {}
 
@@ -117,13 +123,30 @@ def reserve(
     seconds a slot lives from reservation until the job starts."""
     options = {"max_concurrent": max_concurrent, "scope": scope, "ttl": ttl}
     ReservePolicy.from_options(options)  # validate now
+    return _keeping(RESERVE_LABEL, RESERVE_ATTR, options, task_limits)
+
+
+def pace(
+    rate: str, burst: int = 1, scope: str | Callable[..., Any] | None = None
+) -> Callable[[T], T]:
+    """Pace a taskiq task: a kick over ``rate`` (``"10/m"``) per scope is sent at once but
+    held by the worker until the next free start, never dropped; stack it on ``@broker.task``
+    (either side). ``scope``: as ``@reserve``'s, or None (the task itself)."""
+    options = {"rate": rate, "burst": burst, "scope": scope}
+    PacePolicy.from_options(options)  # validate now
+    return _keeping(PACE_LABEL, PACE_ATTR, options, task_pace)
+
+
+def _keeping(name: str, attr: str, options: Any, bound: Callable[[Any], Any]) -> Callable[[T], T]:
+    """A decorator keeping ``options`` in the task's label ``name`` (bound now: an error names
+    the task), or on a function not yet made a task."""
 
     def apply(target: T) -> T:
         if isinstance(target, AsyncTaskiqDecoratedTask):
-            target.labels[RESERVE_LABEL] = options
-            task_limits(target)
+            target.labels[name] = options
+            bound(target)
         else:
-            setattr(target, RESERVE_ATTR, options)
+            setattr(target, attr, options)
         return target
 
     return apply
@@ -131,14 +154,22 @@ def reserve(
 
 def task_limits(task: AsyncTaskiqDecoratedTask[Any, Any]) -> ReservePolicy | None:
     """The task's reservation cap, or None (a bad one is a ConfigError naming the task)."""
-    options = task.labels.get(RESERVE_LABEL)
-    if options is None:
-        options = getattr(task_function(task), RESERVE_ATTR, None)
+    return _declared(task, RESERVE_LABEL, RESERVE_ATTR, bind_limits)  # type: ignore[no-any-return]
 
-    def build(options: Any) -> ReservePolicy:
-        return bind_limits(options, task.task_name, call_shape(task_function(task)))
 
-    return kept(task, options, "_taskdedup_limits", build)
+def task_pace(task: AsyncTaskiqDecoratedTask[Any, Any]) -> PacePolicy | None:
+    """The task's pace, or None (a bad one is a ConfigError naming the task)."""
+    return _declared(task, PACE_LABEL, PACE_ATTR, bind_pace)  # type: ignore[no-any-return]
+
+
+def _declared(task: Any, name: str, attr: str, bind: Callable[[Any, str, Any], Any]) -> Any:
+    """A declaration in the task's label ``name`` (else on its function), bound and kept."""
+    options = task.labels.get(name) or getattr(task_function(task), attr, None)
+
+    def build(options: Any) -> Any:  # (the function's shape read only when not kept yet)
+        return bind(options, task.task_name, call_shape(task_function(task)))
+
+    return kept(task, options, "_taskdedup_" + name, build)
 
 
 def task_function(task: AsyncTaskiqDecoratedTask[Any, Any]) -> Callable[..., Any]:
@@ -236,7 +267,7 @@ class Policies:
 
 #: The labels a caller sets; every other name that starts like them is a misspelling.
 _OWN_LABELS = frozenset(
-    [LABEL, RESERVE_LABEL, IDEMPOTENCY_KEY_LABEL, IDEMPOTENCY_TTL_LABEL]
+    [LABEL, RESERVE_LABEL, PACE_LABEL, IDEMPOTENCY_KEY_LABEL, IDEMPOTENCY_TTL_LABEL]
     + [OPTION_PREFIX + name for name in Policy.__dataclass_fields__]
 )
 _OWN_STARTS = ("dedup", "idempot")

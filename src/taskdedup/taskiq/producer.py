@@ -16,6 +16,7 @@ whose Redis is the store's, the lock and the message are written by one script i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from copy import copy
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -41,15 +42,18 @@ from .options import (
     KEY_LABEL,
     LABEL,
     OPTION_PREFIX,
+    PACE_LABEL,
     RESERVE_LABEL,
     RETRIES_LABEL,
     SCOPE_LABEL,
+    START_LABEL,
     call_shape,
     declared,
     label,
     set_label,
     task_function,
     task_limits,
+    task_pace,
 )
 from .sends import (
     PASS_THROUGH,
@@ -106,7 +110,7 @@ class Producer:
         call = None if PASS_THROUGH.get() else self._call(message)
         if call is None:
             return message
-        for name in (LABEL, RESERVE_LABEL):  # a declaration stringified into the message
+        for name in (LABEL, RESERVE_LABEL, PACE_LABEL):  # a declaration stringified into it
             if (message.labels_types or {}).get(name) == LabelType.ANY:
                 del message.labels[name]
                 del message.labels_types[name]  # type: ignore[union-attr]
@@ -123,6 +127,8 @@ class Producer:
             set_label(message, KEY_LABEL, taken.key, parsed=False)
         if taken.scope is not None:
             set_label(message, SCOPE_LABEL, taken.scope, parsed=False)
+        if taken.start_in is not None:  # @pace: the worker holds it back until then
+            set_label(message, START_LABEL, repr(time.time() + taken.start_in), parsed=False)
         message.task_id = taken.job_id  # a duplicate's (or a hit's) handle: the existing job
         remember(Decision(message, call.job_id, taken))  # for the kick
         return message
@@ -135,14 +141,14 @@ class Producer:
         if task is None:
             return None
         policy, limits = self.mw.policies.for_message(task, message), task_limits(task)
-        idempotency_key = label(message, IDEMPOTENCY_KEY_LABEL)
-        if policy is None and limits is None and idempotency_key is None:
+        idempotency_key, pace = label(message, IDEMPOTENCY_KEY_LABEL), task_pace(task)
+        if policy is None and limits is None and pace is None and idempotency_key is None:
             return None
         retries = int(label(message, RETRIES_LABEL) or 0)
         ttl = label(message, IDEMPOTENCY_TTL_LABEL)
         call = Call(
             message.task_name,
-            call_shape(task_function(task)) if limits or idempotency_key else None,
+            call_shape(task_function(task)) if limits or pace or idempotency_key else None,
             message.args,
             message.kwargs,
             message.task_id,
@@ -154,6 +160,7 @@ class Producer:
             queue=queue_of(broker, message),
             scheduled=message.labels.get("schedule_id"),
             dump=lambda: dump_call(broker, message.args, message.kwargs),
+            pace=pace,
         )
         if retries > 0:
             call.retry, call.attempt = True, retries - 1
@@ -167,7 +174,7 @@ class Producer:
         push, on a taskiq-redis ListQueueBroker on the store's own Redis; not a scheduler's
         tick (the usual path says its skips once per entry). False: the usual path."""
         policy, settings = call.policy, self.mw.settings
-        plain = call.idempotency_key is None and call.limits is None and call.scheduled is None
+        plain = not (call.idempotency_key or call.limits or call.pace or call.scheduled)
         if policy is None or not plain:
             return False
         if not submission.may_fuse(policy, settings, errors_leave_publish=False):

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import functools
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -41,6 +42,7 @@ from .options import (
     RUN_KWARG,
     SCOPE_LABEL,
     SKIP_KWARG,
+    START_LABEL,
     label,
     set_label,
     task_limits,
@@ -150,6 +152,12 @@ class Worker:
         mw = self.mw
         task = mw.broker.find_task(message.task_name)
         if task is None:
+            return message
+        early = float(label(message, START_LABEL) or 0) - time.time()
+        if early > 0:  # @pace: held back until its start, then sent again (as it is)
+            guard(task)
+            message.kwargs[SKIP_KWARG] = "resend"
+            await self.resender.later(message, early)
             return message
         policy = mw.policies.for_message(task, message)
         attempt = int(label(message, RETRIES_LABEL) or 0)

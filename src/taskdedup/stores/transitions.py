@@ -53,6 +53,22 @@ def owe(rec: dict[str, Any] | None, lock: dict[str, Any], job: str) -> None:
         rec.update(od=lock["d"], op=lock["p"], ol=job)
 
 
+def keep_for(r: Records, key: str, lock: dict[str, Any], ttl: int) -> None:
+    """A copy runs first on a supersede key whose lock a newer queued job holds: the arguments
+    kept for that job go to its record (its run takes them), the lock owes nothing for it."""
+    if lock.get("p") is not None:
+        name = r.name(key, "job:" + lock["j"])
+        rec = r.get(name)
+        if rec is None:
+            r.put(name, {"p": lock["p"]}, r.now + ttl)
+        else:
+            rec["p"] = lock["p"]
+            r.expire(name, r.now + ttl)
+    lock.pop("p", None)
+    lock.pop("l", None)
+    lock["d"] = 0
+
+
 def count_duplicate(
     lock: dict[str, Any], job: str, payload: str | None, due: int | None = None
 ) -> None:
@@ -112,6 +128,9 @@ def claim(op: Claim, r: Records) -> ClaimReply:
 def _claim(op: Claim, r: Records) -> ClaimReply:
     job_name = r.name(op.key, "job:" + op.job_id)
     rec = r.get(job_name)
+    kept = None
+    if rec is not None and "s" not in rec:  # only the arguments kept for it (keep_for)
+        kept, rec = rec.get("p"), None
     attempts = 1
     if rec is not None:
         if rec["s"] == "d":  # a finished job holds nothing: free what a late re-send took
@@ -153,17 +172,24 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
     fence: int | None = None
     handoff: Handoff | None = None
     # what the record keeps of a run owed to submissions made while this job ran (owe())
-    kept = rec or {}
-    owed: dict[str, Any] = {k: kept[k] for k in ("od", "op", "ol") if k in kept}
-    latest = lock.get("p") if op.latest and lock is not None and lock["j"] == op.job_id else None
+    prior = rec or {}
+    owed: dict[str, Any] = {k: prior[k] for k in ("od", "op", "ol") if k in prior}
+    ours = lock is not None and lock["j"] == op.job_id
+    latest = lock.get("p") if op.latest and ours and lock is not None else None
+    if op.latest and not ours and latest is None and rec is not None and "od" in rec:
+        latest, owed = rec["op"], {}  # taken over: the newest a submission while it ran left
     if op.latest and latest is None and rec is not None:  # a run taken over runs what the
         latest = rec.get("p")  # run before it ran: its record keeps them
+    if op.latest and latest is None:
+        latest = kept
     if op.lock == "hold" and lock is not None and lock["j"] != op.job_id:
         # another job's key: this copy is stale or was sent without a lock (G12)
         if lock["s"] == "r":  # that job runs: wait for it to end
             return ClaimReply("busy", 0, attempts - 1, lock["j"])
         if lock["s"] == "q":  # it waits in the queue: run first; it will wait for us
             fence = r.next_fence(lock["f"])
+            if op.latest:  # supersede: its kept arguments stay its own (claim.lua)
+                keep_for(r, op.key, lock, op.ttl_ms)
             lock.update(j=op.job_id, s="r", f=fence, c=1)
             r.expire(lock_name, r.now + op.lease_ms)
     if lock is not None and lock["j"] == op.job_id and fence is None:
@@ -187,11 +213,9 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
     elif lock is None and op.lock == "hold":
         fence = r.next_fence(None)
         fields = {"j": op.job_id, "s": "r", "f": fence, "d": 0, "e": r.now + op.ttl_ms, "c": 1}
-        if rec is not None and rec["s"] == "r" and rec.get("od"):  # a run taken over owed a
-            if op.latest:  # run (claim.lua): supersede takes its newest arguments now;
-                latest, owed = rec["op"], {}  # (consumed)
-            else:  # reschedule_once still owes it, after this run
-                fields.update(d=rec["od"], p=rec["op"], l=rec["ol"])
+        if rec is not None and rec["s"] == "r" and rec.get("od") and not op.latest:
+            fields.update(d=rec["od"], p=rec["op"], l=rec["ol"])  # reschedule_once still owes
+            # the run a submission made while the run taken over ran, after this one
         r.put(lock_name, {**fields, "t": op.task, "a": r.now}, r.now + op.lease_ms)
     if fence is None or op.run_lock:  # a run lock's token orders the runs (G3)
         fence = r.next_fence(fence if fence is not None or lock is None else lock["f"])
@@ -247,7 +271,8 @@ def heartbeat(op: Heartbeat, r: Records) -> tuple[int, ...]:
 
 
 def stale(rec: dict[str, Any] | None, attempt: int | None) -> bool:
-    return rec is not None and attempt is not None and rec["n"] is not None and attempt < rec["n"]
+    n = None if rec is None else rec.get("n")  # (a record of kept arguments only has none)
+    return attempt is not None and n is not None and attempt < n
 
 
 def retry(op: Retry, r: Records) -> bool:
@@ -275,7 +300,7 @@ def finish(op: Finish, r: Records) -> FinishReply:
     rec = r.get(job_name)
     if stale(rec, op.attempt):
         return FinishReply(False, None, stale=True)
-    if rec is not None:
+    if rec is not None and "s" in rec:
         rec["s"] = "d"
         r.expire(job_name, r.now + op.memory_ms)
     else:
@@ -349,7 +374,7 @@ def confirm(op: Confirm, r: Records) -> int:
     confirmed = 0
     for key, job_id in op.items:
         rec = r.get(r.name(key, "job:" + job_id))
-        if rec is not None and rec["s"] == "q":  # its retry went out
+        if rec is not None and rec.get("s") == "q":  # its retry went out
             rec["c"] = 1
         name = r.name(key, "lock")
         lock = r.get(name)
@@ -362,7 +387,7 @@ def confirm(op: Confirm, r: Records) -> int:
 
 def job_state(op: JobState, r: Records) -> JobStatus:
     rec = r.get(r.name(op.key, "job:" + op.job_id))
-    if rec is None:
+    if rec is None or "s" not in rec:  # (a record of kept arguments only: not started)
         return "none"
     if rec["s"] in ("d", "q"):
         return "finished" if rec["s"] == "d" else "queued"

@@ -678,6 +678,30 @@ def test_a_run_taken_over_after_its_worker_died_runs_the_latest_arguments_again(
     assert again.arguments == "b" and again.attempts == 2
 
 
+def test_a_copy_taking_a_supersede_key_from_a_newer_queued_job_keeps_each_ones_arguments(
+    h: Harness,
+) -> None:
+    """A's worker died while A ran and owed a run (N came meanwhile); A's lock lapsed; B took
+    the free key and C superseded B's arguments while B waited; then A's copy is delivered and
+    runs first (G12: B may never come). A's copy runs N's arguments (its owed run); B, when it
+    comes, runs C's (its own newest), not its first, and nothing is handed on twice. (Found by
+    the soak: A's copy inherited B's kept arguments and handed them on, and B ran stale.)"""
+    k = new_key()
+    h.store.run(acquire(k, "A"))
+    h.store.run(claim(k, "A", "hold", latest=True, lease_ms=300))
+    h.store.run(acquire(k, "N", payload="n"))  # while A runs: owed
+    h.hold_for(0.35)  # A's worker died: its lock lapsed with the lease
+    assert h.store.run(acquire(k, "B")).acquired  # the key was free
+    h.store.run(Confirm(((k, "B"),)))
+    h.store.run(acquire(k, "C", payload="c"))  # supersedes B's arguments
+    copy = h.store.run(claim(k, "A", "hold", latest=True, handoff_job_id="H"))
+    assert copy.outcome == "run" and copy.arguments == "n"  # A's own newest, not C's
+    done = h.store.run(Finish(k, "A", throttle=False, memory_ms=HOUR, handoff_job_id="H"))
+    assert done.handoff is None  # B's arguments are not A's to hand on
+    b = h.store.run(claim(k, "B", "hold", latest=True))
+    assert b.outcome == "run" and b.arguments == "c"  # B runs its newest
+
+
 def test_a_supersede_racing_the_claim_runs_its_arguments_exactly_once(h: Harness) -> None:
     """A submission and the claim of the queued job it supersedes, at the same instant: either
     it came first (the job runs with its arguments, nothing more is owed) or the claim did (it

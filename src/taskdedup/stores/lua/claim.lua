@@ -72,6 +72,17 @@ if ARGV[5] == 'hold' and lock[1] and lock[1] ~= job then
   end
   if lock[4] == 'q' then  -- that job waits in the queue (and may never come): run first;
     fence = int(next_fence(lock[2]))  -- it will wait for this one when it starts
+    if ARGV[15] == '1' then
+      -- supersede: the arguments kept for that job stay its own (in its record, which its
+      -- run takes them from), and this run holds the lock owing nothing for it
+      if lock[7] then
+        local displaced = string.sub(KEYS[1], 1, #KEYS[1] - 4) .. 'job:' .. lock[1]
+        redis.call('HSET', displaced, 'p', lock[7])
+        redis.call('PEXPIRE', displaced, ttl)
+      end
+      redis.call('HDEL', KEYS[1], 'p', 'l')
+      redis.call('HSET', KEYS[1], 'd', '0')
+    end
     redis.call('HSET', KEYS[1], 'j', job, 's', 'r', 'f', fence, 'c', '1')
     redis.call('PEXPIRE', KEYS[1], lease)
   end
@@ -80,7 +91,12 @@ local handoff, payload = '', false
 -- ARGV[15] (debounce, supersede): the run takes the latest duplicate's arguments ('p')
 local latest = false
 if lock[1] == job and ARGV[15] == '1' then latest = lock[7] or false end
--- a run taken over (its worker died) runs what the run before it ran: its record keeps them
+-- a run taken over (its worker died) runs what the run before it ran: its record keeps them,
+-- or, supersede, the newest a submission made while it ran left there (acquire.lua)
+if ARGV[15] == '1' and not latest and rec[1] == 'r' and rec[11] and lock[1] ~= job then
+  latest = rec[12]
+  redis.call('HDEL', KEYS[3], 'od', 'op', 'ol')
+end
 if ARGV[15] == '1' and not latest then latest = rec[10] or false end
 if lock[1] == job then
   fence = lock[2]
@@ -107,16 +123,11 @@ elseif not lock[1] and ARGV[5] == 'hold' then
   redis.call('HSET', KEYS[1], 'j', job, 's', 'r', 'f', fence, 'd', '0',
     'e', int(now + ttl), 'c', '1', 't', ARGV[14] or '', 'a', int(now))
   redis.call('PEXPIRE', KEYS[1], lease)
-  if rec[1] == 'r' and rec[11] then
+  if rec[1] == 'r' and rec[11] and ARGV[15] ~= '1' then
     -- a run taken over whose lock lapsed with its worker: the run it owed to submissions made
-    -- while it ran is not lost (its record kept it, acquire.lua). supersede: this run takes
-    -- their newest arguments; reschedule_once: it owes the run still, after it.
-    if ARGV[15] == '1' then
-      latest = rec[12]
-      redis.call('HDEL', KEYS[3], 'od', 'op', 'ol')
-    else
-      redis.call('HSET', KEYS[1], 'd', rec[11], 'p', rec[12], 'l', rec[13])
-    end
+    -- while it ran is not lost (its record kept it, acquire.lua): reschedule_once still owes
+    -- it, after this run (supersede took their newest arguments above)
+    redis.call('HSET', KEYS[1], 'd', rec[11], 'p', rec[12], 'l', rec[13])
   end
 end
 -- a run lock is an acquisition of its own: its token orders the runs, not the enqueues (G3)

@@ -397,3 +397,26 @@ def test_a_debounced_burst_whose_delivery_comes_late_still_runs_its_latest_argum
     assert run.should_run and run.arguments == '[1, "c"]'  # the latest, however late
     dedup.finish(policy, first.key or "", "late")
     dedup.close()
+
+
+def test_a_run_owed_to_a_holder_whose_record_is_gone_writes_no_record_without_expiry(
+    redis_url: str, key_prefix: str
+) -> None:
+    """G9: the owed run is copied into the running holder's job record only when that record
+    exists; a record gone (evicted, deleted by hand) is not written anew without a ttl."""
+    import redis as redis_client
+
+    from taskdedup import RedisStore
+    from taskdedup.stores.base import Acquire, Claim
+
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    store.run(Acquire("k", "A", 60_000, 60_000, True, None, "t"))
+    store.run(Claim("k", "A", "w", 30_000, 60_000, "hold", False, 60_000))
+    record = f"{key_prefix}:{{k}}:job:A"
+    client = redis_client.Redis.from_url(redis_url)
+    assert client.exists(record)
+    client.delete(record)
+    owed = store.run(Acquire("k", "N", 60_000, 60_000, True, "n", "t"))
+    assert owed.running and not client.exists(record)
+    client.close()
+    store.close()

@@ -25,6 +25,8 @@ from taskdedup import ConfigError, MemoryStore, PacePolicy, Pacer, Settings
         ({"rate": "10 per minute"}, "pace rate '10 per minute' does not parse; write it as"),
         ({"rate": "0/s"}, "pace rate '0/s' must be above 0"),
         ({"rate": "10/fortnight"}, "does not parse"),
+        ({"rate": "10/ms"}, "pace rate '10/ms' does not parse"),  # not 10 a minute
+        ({"rate": "2000/s"}, "is over 1000/s, the finest pace (1 ms apart)"),
         ({"rate": 10}, "pace rate 10 does not parse"),
         ({"rate": "10/s", "burst": 0}, "pace burst must be an int >= 1, not 0"),
         ({"rate": "10/s", "burst": True}, "pace burst must be an int >= 1, not True"),

@@ -46,12 +46,15 @@ RATE_HELP = "write it as '<count>/<unit>' such as '10/s', '100/m', '5/30s' (unit
 def parse_rate(rate: object) -> float:
     """Seconds between two starts at ``rate`` ("10/m" -> 6.0); a ConfigError otherwise."""
     found = RATE.match(rate.lower()) if isinstance(rate, str) else None
-    unit = UNITS.get(found.group(3).rstrip("s") or "s") if found else None
+    name = found.group(3) if found else ""
+    unit = UNITS.get(name if name in UNITS or len(name) < 3 else name.removesuffix("s"))
     if found is None or unit is None:
         raise ConfigError(f"pace rate {rate!r} does not parse; {RATE_HELP}")
     count, per = float(found.group(1)), float(found.group(2) or 1)
     if count <= 0 or per <= 0:
         raise ConfigError(f"pace rate {rate!r} must be above 0; {RATE_HELP}")
+    if per * unit / count < 0.001:
+        raise ConfigError(f"pace rate {rate!r} is over 1000/s, the finest pace (1 ms apart)")
     return per * unit / count
 
 

@@ -176,7 +176,14 @@ def _claim(op: Claim, r: Records) -> ClaimReply:
     owed: dict[str, Any] = {k: prior[k] for k in ("od", "op", "ol") if k in prior}
     ours = lock is not None and lock["j"] == op.job_id
     latest = lock.get("p") if op.latest and ours and lock is not None else None
-    if op.latest and not ours and latest is None and rec is not None and "od" in rec:
+    if (
+        op.latest
+        and not ours
+        and latest is None
+        and rec is not None
+        and rec["s"] == "r"
+        and ("od" in rec)
+    ):
         latest, owed = rec["op"], {}  # taken over: the newest a submission while it ran left
     if op.latest and latest is None and rec is not None:  # a run taken over runs what the
         latest = rec.get("p")  # run before it ran: its record keeps them

@@ -53,10 +53,13 @@ if lock[1] then
   if counted and payload and lock[4] == 'r' then
     -- a run owed after a running holder (reschedule_once, supersede) is kept on the holder's
     -- job record too: the lock lives only a lease past its worker's death, the record longer,
-    -- so a copy that takes the run over still owes it (claim.lua). (A running lock's record
-    -- exists: the claim writes both, and the record outlives the lock.)
+    -- so a copy that takes the run over still owes it (claim.lua). Only into a record that
+    -- exists (the claim writes it with the lock, and it outlives the lock): one written here
+    -- would have no expiry (G9).
     local record = string.sub(KEYS[1], 1, #KEYS[1] - 4) .. 'job:' .. lock[1]
-    redis.call('HSET', record, 'od', dups, 'op', payload, 'ol', ARGV[1])
+    if redis.call('EXISTS', record) == 1 then
+      redis.call('HSET', record, 'od', dups, 'op', payload, 'ol', ARGV[1])
+    end
   end
   -- a lock without a ttl (not one we wrote: every lock we write expires, G9; a restore without
   -- ttls, a hand edit) would hold its key for good: it gets this call's ttl. Checked at a

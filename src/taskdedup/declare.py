@@ -15,6 +15,7 @@ from .settings import Settings
 from .suggest import check_policy_names
 
 T = TypeVar("T")
+D = TypeVar("D", ReservePolicy, PacePolicy)
 
 
 def decorator_options(given: dict[str, Any]) -> dict[str, Any]:
@@ -37,22 +38,21 @@ def bind_policy(settings: Settings, options: Any, task: str, fn: Callable[..., A
 
 def bind_limits(options: Any, task: str, fn: Callable[..., Any]) -> ReservePolicy:
     """A ``reserve`` declaration, checked against ``fn``; a ConfigError names ``task``."""
-    try:
-        limits = ReservePolicy.from_options(options)
-        limits.check(task, fn)
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"task {task!r}: reserve: {exc}") from None
-    return limits
+    return _bind(ReservePolicy, "reserve", options, task, fn)
 
 
 def bind_pace(options: Any, task: str, fn: Callable[..., Any]) -> PacePolicy:
     """A ``pace`` declaration, checked against ``fn``; a ConfigError names ``task``."""
+    return _bind(PacePolicy, "pace", options, task, fn)
+
+
+def _bind(kind: type[D], option: str, options: Any, task: str, fn: Callable[..., Any]) -> D:
     try:
-        pace = PacePolicy.from_options(options)
-        pace.check(task, fn)
+        declared = kind.from_options(options)
+        declared.check(task, fn)
     except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"task {task!r}: pace: {exc}") from None
-    return pace
+        raise ConfigError(f"task {task!r}: {option}: {exc}") from None
+    return declared
 
 
 def kept(owner: Any, options: Any, attr: str, build: Callable[[Any], T]) -> T | None:

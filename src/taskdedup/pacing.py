@@ -27,10 +27,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import keys as _keys
 from .errors import ConfigError
 from .flow import Flow, adrive, drive
-from .reservations import scope_of
+from .reservations import check_scope, scope_of
 from .settings import Settings
 from .stores.base import Pace, Store, ms
 
@@ -101,14 +100,8 @@ class PacePolicy:
 
     def check(self, task: str, fn: Callable[..., Any] | None) -> None:
         """A scope argument the task does not take is a ConfigError now, not at enqueue."""
-        if isinstance(self.scope, str) and fn is not None:
-            params = _keys.signature_parameters(fn)
-            if self.scope not in params:
-                raise ConfigError(
-                    f"scope={self.scope!r} is not one of its parameters "
-                    f"({', '.join(params) or 'none'}); name one, pass a callable, or leave it "
-                    "out to pace the task as a whole"
-                )
+        hint = "name one, pass a callable, or leave it out to pace the task as a whole"
+        check_scope(self.scope, fn, "", hint)
 
     def scope_for(
         self,

@@ -96,13 +96,7 @@ class ReservePolicy:
 
     def check(self, task: str, fn: Callable[..., Any] | None) -> None:
         """An argument name the task does not take is a ConfigError now, not at enqueue."""
-        if isinstance(self.scope, str) and fn is not None:
-            params = _keys.signature_parameters(fn)
-            if self.scope not in params:
-                raise ConfigError(
-                    f"task {task!r}: reserve scope={self.scope!r} is not one of its parameters "
-                    f"({', '.join(params) or 'none'}); name one, or pass a callable"
-                )
+        check_scope(self.scope, fn, f"task {task!r}: reserve ", "name one, or pass a callable")
 
     def scope_for(
         self,
@@ -113,6 +107,18 @@ class ReservePolicy:
     ) -> str:
         """The scope of one call."""
         return scope_of(task, "reserve", self.scope, fn, args, kwargs)
+
+
+def check_scope(scope: object, fn: Callable[..., Any] | None, says: str, hint: str) -> None:
+    """A scope named by an argument the task's function does not take is a ConfigError
+    (``says`` starts its message, ``hint`` ends it): found at definition, not at enqueue."""
+    if isinstance(scope, str) and fn is not None:
+        params = _keys.signature_parameters(fn)
+        if scope not in params:
+            raise ConfigError(
+                f"{says}scope={scope!r} is not one of its parameters "
+                f"({', '.join(params) or 'none'}); {hint}"
+            )
 
 
 def scope_of(

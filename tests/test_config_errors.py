@@ -17,6 +17,7 @@ import threading
 import types
 import warnings
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +362,7 @@ def test_beat_logs_a_run_skipped_for_a_running_one_once_and_counts_it(
     """``apart``: ticks further apart than the publisher remembers a key held (a real beat
     interval), so each takes the publish path that writes its acquire early."""
     from celery.beat import ScheduleEntry, Scheduler
+    from celery.schedules import crontab
 
     app = make_app(redis_url, key_prefix)
     integ = install(app)
@@ -376,9 +378,13 @@ def test_beat_logs_a_run_skipped_for_a_running_one_once_and_counts_it(
         assert release.wait(20)
 
     scheduler = Scheduler(app, lazy=True)
-    entry = ScheduleEntry(name="nightly", task=nightly.name, schedule=60, app=app)
+    minutes = iter(range(10, 0, -1))
 
-    def tick() -> None:  # what beat does with a due entry
+    def tick() -> None:  # what beat does with a due entry: each time the next minute's tick
+        last = app.now() - timedelta(minutes=next(minutes))
+        entry = ScheduleEntry(
+            name="nightly", task=nightly.name, schedule=crontab(), last_run_at=last, app=app
+        )
         scheduler.apply_entry(entry, producer=scheduler.producer)
 
     def said() -> tuple[list[str], list[str]]:

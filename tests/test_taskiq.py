@@ -8,10 +8,11 @@ post_execute). Each test runs its own event loop with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import pytest
@@ -521,8 +522,12 @@ def ticker(
         time=datetime.now(timezone.utc),
     )
 
-    async def fire() -> None:
-        await scheduler.on_ready(NoSchedules(), tick)  # type: ignore[arg-type]
+    fired = itertools.count()
+
+    async def fire() -> None:  # each fire the entry's next tick (a second later)
+        due = tick.time + timedelta(seconds=next(fired))  # type: ignore[operator]
+        this = tick.model_copy(update={"time": due})
+        await scheduler.on_ready(NoSchedules(), this)  # type: ignore[arg-type]
 
     return fire, tick
 

@@ -237,7 +237,7 @@ class Deduplicator(Runner):
     ) -> None:
         super().__init__(store, settings)
         self._owner = owner
-        self.ticks = ScheduledTicks(self.note)  # a scheduler's skipped ticks, said once
+        self.ticks = ScheduledTicks(self.note, self.settings)  # a scheduler's ticks
 
     @property
     def owner(self) -> str:

@@ -27,6 +27,11 @@ Strategy = Literal[
 OnConflict = Literal["drop", "raise", "reschedule_once", "supersede"]
 #: supersede, once the job runs: wait for it to end ("wait"), or ask it to stop ("cancel")
 Running = Literal["wait", "cancel"]
+#: a scheduler's tick that finds the last run still holding its key: "skip" it, "buffer_one"
+#: (one run after the running one, with the latest such tick's arguments), or "allow" it to
+#: run beside (the tick takes a key of its own)
+Overlap = Literal["skip", "buffer_one", "allow"]
+OVERLAPS: tuple[str, ...] = get_args(Overlap)
 
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 ON_CONFLICT: tuple[str, ...] = get_args(OnConflict)
@@ -96,6 +101,11 @@ class Policy:
     running: (supersede) "cancel": a submission while the job runs asks it to stop
         (``taskdedup.superseded()`` turns True through its lease renewals); "wait" (default)
         lets it run on. Either way the submission's run comes after it ends.
+    overlap: a scheduler's tick (Celery beat, taskiq's scheduler) while the last run still
+        holds the key: "skip" (default) sends nothing; "buffer_one" owes one run after the
+        running one with the latest tick's arguments (needs until_executed; a duplicate
+        that is not a tick then owes that run too, as with reschedule_once); "allow" sends
+        the tick under a key of its own, so it runs beside the last run.
     """
 
     strategy: Strategy = "until_executing"
@@ -110,6 +120,7 @@ class Policy:
     delay: Seconds | None = None
     max_wait: Seconds | None = None
     running: Running = "wait"
+    overlap: Overlap = "skip"
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -154,6 +165,7 @@ class Policy:
                 "while_executing never drops a duplicate (it waits its turn), so on_conflict "
                 "does not apply; leave it at 'drop' or use until_and_while_executing"
             )
+        self._check_overlap()
         self._check_debounce()
         if self.max_attempts is not None and (
             isinstance(self.max_attempts, bool)
@@ -163,6 +175,20 @@ class Policy:
             raise ConfigError(
                 f"max_attempts must be None or an int >= 1, not {self.max_attempts!r}"
             )
+
+    def _check_overlap(self) -> None:
+        check_overlap(self.overlap, "overlap")
+        if self.overlap == "buffer_one" and self.strategy != "until_executed":
+            raise ConfigError(
+                f"overlap='buffer_one' needs strategy='until_executed' (not {self.strategy!r}): "
+                "the lock must stay held while the job runs, so that a tick then owes the "
+                "one run after it"
+            )
+
+    @property
+    def owes_runs(self) -> bool:
+        """Whether a duplicate while the job runs owes one more run after it ends."""
+        return self.on_conflict in ("reschedule_once", "supersede") or self.overlap == "buffer_one"
 
     def _check_debounce(self) -> None:
         """debounce needs a ``delay``; ``delay`` and ``max_wait`` mean nothing elsewhere. The
@@ -270,6 +296,13 @@ class PolicyOptions(TypedDict, total=False):
     delay: Seconds | None
     max_wait: Seconds | None
     running: Running | None
+    overlap: Overlap | None
+
+
+def check_overlap(value: Any, option: str) -> None:
+    """An overlap value that does not exist is a ConfigError naming ``option``."""
+    if value not in OVERLAPS:
+        raise ConfigError(f"unknown {option} {value!r}; choose one of {', '.join(OVERLAPS)}")
 
 
 def given_options(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -290,11 +323,11 @@ class TaskPolicy:
 
     @property
     def keeps_arguments(self) -> bool:
-        """Whether a duplicate's arguments are kept: for the run it owes (reschedule_once), or
-        as the burst's latest (debounce, whose run takes them); only then does a caller
-        serialize them."""
+        """Whether a duplicate's arguments are kept: for the run it owes (reschedule_once,
+        buffer_one), or as the burst's latest (debounce, whose run takes them); only then does
+        a caller serialize them."""
         p = self.policy
-        return p.on_conflict in ("reschedule_once", "supersede") or p.strategy == "debounce"
+        return p.owes_runs or p.strategy == "debounce"
 
     @property
     def runs_latest(self) -> bool:

@@ -17,6 +17,7 @@ OnStoreError = Literal["enqueue", "raise"]
 _SECONDS = ("default_ttl", "default_lease", "grace", "remember_finished", "idempotency_ttl")
 OnMismatch = Literal["raise", "return"]
 Eager = Literal["faithful", "bypass"]
+OncePerTick = Literal["deduplicated", "all", "off"]
 ENV_PREFIX = "TASKDEDUP_"
 _FLAGS = ("enabled", "dry_run", "fused_publish", "metrics", "history")
 
@@ -57,6 +58,10 @@ class Settings:
         lock freed or unlocked), at most 20 entries a key, kept a day after the last. The
         ordinary life of a job is not written there: explain reads it from the lock and the
         job's record. False writes no history at all.
+    once_per_tick: which scheduler sends (Celery beat, taskiq's scheduler) are sent once per
+        tick of their schedule entry, however many schedulers run: "deduplicated" (the
+        default) the entries of deduplicated tasks, "all" every entry, "off" none. A second
+        send of a tick, or a late send of an earlier one, returns the tick's job.
     metrics: count every decision, store call and lease in Prometheus metrics on
         prometheus_client's default registry (the ``prometheus`` extra; see
         :mod:`taskdedup.metrics`).
@@ -81,6 +86,7 @@ class Settings:
     metrics: bool = False
     history: bool = True
     eager: Eager = "faithful"
+    once_per_tick: OncePerTick = "deduplicated"
 
     def __post_init__(self) -> None:
         if isinstance(self.disabled_tasks, str):
@@ -98,6 +104,10 @@ class Settings:
             )
         if self.eager not in get_args(Eager):
             raise ConfigError(f"eager must be 'faithful' or 'bypass', not {self.eager!r}")
+        if self.once_per_tick not in get_args(OncePerTick):
+            raise ConfigError(
+                f"once_per_tick must be 'deduplicated', 'all' or 'off', not {self.once_per_tick!r}"
+            )
         if self.idempotency_on_mismatch not in get_args(OnMismatch):
             raise ConfigError(
                 "idempotency_on_mismatch must be 'raise' or 'return', "

@@ -34,6 +34,7 @@ from .recent import RecentKeys
 from .reservations import ReservationGuard, ReservePolicy
 from .settings import Settings
 from .stores.base import Acquire, AcquireReply, PushesWithLock
+from .ticks import Tick, once_per_tick, tick_policy
 
 log = logging.getLogger("taskdedup")
 
@@ -54,9 +55,9 @@ class Call:
     delay: float = 0.0  # an ETA's seconds from now
     queue: str | None = None
     expires_in: float | None = None
-    #: a scheduler's tick, named by its schedule entry: a duplicate is skipped (never
-    #: DuplicateJob) and said once per entry while it stays skipped
-    scheduled: str | None = None
+    #: a scheduler's tick: sent once per slot, and a duplicate is skipped or buffered by its
+    #: overlap (never DuplicateJob), said once per entry while it stays so (:mod:`.ticks`)
+    tick: Tick | None = None
     key: str | None = None  # the call's dedup key, when already known (else computed)
     scope: str | None = None  # a retry: the scope whose slot its message names
     retry: bool = False  # a retry of ``job_id`` (after ``attempt`` failed): it keeps its lock
@@ -108,10 +109,15 @@ def take(
     recent: RecentKeys,
     call: Call,
 ) -> Flow[Taken]:
-    """Through the idempotency key, the dedup policy and the reservation cap, in that order."""
+    """Through the scheduler's tick, the idempotency key, the dedup policy and the reservation
+    cap, in that order."""
     limits = call.limits
     scope = limits.scope_for(call.task, call.fn, call.args, call.kwargs) if limits else None
     taken = Taken("publish", call.job_id)
+    if call.tick is not None and once_per_tick(dedup.settings, call.policy is not None):
+        sent = yield from dedup.ticks.claim_flow(call.task, call.tick, call.job_id)
+        if sent is not None:  # this tick (or a later one) is out already
+            return Taken("duplicate", sent)
     call_print = ""
     if call.idempotency_key is not None:
         call_print = fingerprint(call.task, call.fn, call.args, call.kwargs)
@@ -209,9 +215,13 @@ def held_lately(
 
 def plan_call(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Ticket | Step[Ticket]:
     """The enqueue decision of ``call``, planned (its arguments kept only for a policy that
-    keeps the latest duplicate's)."""
+    keeps the latest duplicate's; a scheduler's tick by its overlap)."""
+    key, counted = call.key, True
+    if call.tick is not None:
+        key = key_of(policy, key, call.args, call.kwargs, call.queue)
+        policy, key, counted = tick_policy(policy, call.tick, key)
     dump = call.dump
-    payload = dump() if dump is not None and policy.keeps_arguments else None
+    payload = dump() if dump is not None and policy.keeps_arguments and counted else None
     return dedup.plan_enqueue(
         policy,
         call.args,
@@ -220,9 +230,10 @@ def plan_call(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Ticket | S
         queue=call.queue,
         delay=call.delay,
         payload=payload,
-        key=call.key,
+        key=key,
         expires_in=call.expires_in,
-        quiet=call.scheduled is not None,
+        quiet=call.tick is not None,
+        counted=counted,
     )
 
 
@@ -230,7 +241,7 @@ def _enqueue(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Flow[Ticket
     try:
         ticket = yield from ask(plan_call(dedup, policy, call))
     except DuplicateJob as dup:
-        if call.scheduled is None and not call.member:
+        if call.tick is None and not call.member:
             raise
         # a scheduler never sees DuplicateJob, and a canvas member follows its holder
         ticket = Ticket("duplicate", dup.job_id, dup.key)
@@ -238,8 +249,8 @@ def _enqueue(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Flow[Ticket
         if not (call.member and call.in_worker):
             raise
         ticket = Ticket("store_unavailable", call.job_id, None)  # a worker's step: never lost
-    if call.scheduled is not None:
-        dedup.ticks.saw(call.task, call.scheduled, ticket)
+    if call.tick is not None:
+        dedup.ticks.saw(call.task, call.tick.entry, ticket, buffers=policy.policy.owes_runs)
     return ticket
 
 

@@ -1,35 +1,136 @@
-"""A scheduler's ticks that find their key held: skipped, and said once per schedule entry.
+"""A scheduler's ticks: each sent once, whatever the number of schedulers, and each that finds
+the last run still holding its key skipped, buffered or let through (the task's ``overlap``).
 
 A scheduler (Celery beat, taskiq's scheduler) sends a due entry on every tick whatever became
-of the last run. When that run still holds its key, the tick is a duplicate: it is skipped
-(never DuplicateJob, whatever ``on_conflict`` says), counted in ``stats["beat.skipped"]``,
-and logged at INFO once per entry while it stays skipped (DEBUG after that); the next tick that
-is sent starts over. Both adapters name the entry in :attr:`submission.Call.scheduled`.
+of the last run, and two schedulers (or one restarted mid-tick) send it twice. Both adapters
+name the entry and the tick's scheduled time, its slot, in a :class:`Tick`
+(:attr:`submission.Call.tick`); the core decides the rest, once for Celery and taskiq alike:
+
+- **One send per tick.** The first send of a slot takes it (:class:`~taskdedup.stores.base.
+  MarkTick`: the entry keeps one record, its latest slot and that slot's job); a second send
+  of it, or a late send of an earlier slot, is answered with the job of the latest slot, and
+  nothing is published. On by default for the entries of deduplicated tasks; the setting
+  ``once_per_tick="all"`` extends it to every entry.
+- **Overlap.** A tick whose key the last run still holds is a duplicate: skipped (never
+  DuplicateJob, whatever ``on_conflict`` says), or buffered as the one run after it
+  (``overlap="buffer_one"``); ``"allow"`` sends it under a key of its own. Each skipped or
+  buffered tick is counted (``stats["beat.skipped"]``, ``stats["beat.buffered"]`` and the
+  decisions metric), counted on the holder's lock (``explain`` shows it), and logged at INFO
+  once per entry while its ticks keep being skipped (DEBUG after that).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import threading
 from typing import TYPE_CHECKING
 
+from .errors import ConfigError, StoreUnavailable
+from .policy import Overlap, TaskPolicy, check_overlap
+from .stores.base import MarkTick, ms
+
 if TYPE_CHECKING:
     from .decide import Notes, Ticket
+    from .flow import Flow
+    from .settings import Settings
 
 #: Entries remembered as skipping; past it the memory starts over.
 MAX_ENTRIES = 10_000
+#: How long an entry's latest slot is kept at least (a late scheduler's send of a slot older
+#: than this is sent again).
+KEEP_SLOT = 86400.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tick:
+    """One send of a schedule entry by a scheduler. ``slot_ms``: the tick's scheduled time
+    (epoch ms, the same in every scheduler of the entry), None when the scheduler did not say
+    (then only the overlap applies). ``period``: seconds between the entry's ticks, if known.
+    ``overlap``: the entry's own overlap, over the task's."""
+
+    entry: str
+    slot_ms: int | None = None
+    period: float | None = None
+    overlap: str | None = None
+
+
+def interval_slot(now: float, period: float) -> int:
+    """The slot of an interval schedule's send at ``now`` (epoch seconds): the grid point of
+    its period nearest to now, so that schedulers started at different times, or a little
+    early or late, name the same tick."""
+    return round(now / period) * ms(period)
+
+
+def slot_ms(seconds: float) -> int:
+    """An epoch time in seconds as a slot (whole ms)."""
+    return math.floor(seconds * 1000)
+
+
+def once_per_tick(settings: Settings, deduplicated: bool) -> bool:
+    """Whether a scheduler's sends of a task's entries are sent once per tick."""
+    mode = settings.once_per_tick
+    return mode == "all" or (mode == "deduplicated" and deduplicated)
+
+
+def tick_policy(tp: TaskPolicy, tick: Tick, key: str) -> tuple[TaskPolicy, str, bool]:
+    """The policy, key and counting a tick's enqueue takes by its overlap (the entry's, else
+    the task's): ``allow`` gives the tick a key of its own; ``skip`` does not count it on a
+    lock whose duplicates owe a run (so it owes none); ``buffer_one`` needs a task whose
+    duplicates owe one (else a ConfigError naming the task)."""
+    overlap: Overlap = tp.policy.overlap
+    if tick.overlap is not None:
+        check_overlap(tick.overlap, f"overlap of schedule entry {tick.entry!r}")
+        overlap = tick.overlap  # type: ignore[assignment]
+    if overlap == "allow":
+        slot = tick.slot_ms if tick.slot_ms is not None else "unslotted"
+        return tp, f"{key}@tick:{slot}", True
+    if overlap == "buffer_one" and not tp.policy.owes_runs:
+        raise ConfigError(
+            f"task {tp.task!r}: schedule entry {tick.entry!r} asks overlap='buffer_one', but "
+            "the task's duplicates owe no run after the running one; declare overlap="
+            "'buffer_one' on the task (with strategy='until_executed')"
+        )
+    return tp, key, overlap == "buffer_one" or not tp.policy.owes_runs
 
 
 class ScheduledTicks:
-    """Which schedule entries are being skipped (each is logged once while it stays so)."""
+    """Which slot of an entry was sent, and which entries are being skipped (each is logged
+    once while it stays so)."""
 
-    def __init__(self, note: Notes) -> None:
+    def __init__(self, note: Notes, settings: Settings) -> None:
         self._note = note
+        self._settings = settings
         self._skipping: dict[tuple[str, str], str] = {}  # (task, entry) -> the holder
         self._mutex = threading.Lock()
 
-    def saw(self, task: str, entry: str, ticket: Ticket) -> None:
-        """The enqueue decision of one tick of ``entry``."""
+    def claim_flow(self, task: str, tick: Tick, job_id: str) -> Flow[str | None]:
+        """Take the tick's slot for ``job_id``: None when it is this send's (or the store
+        could not answer and ``on_store_error`` is "enqueue": sent, at worst twice), else the
+        job of the entry's latest tick, sent already."""
+        if tick.slot_ms is None or not self._settings.enabled:
+            return None
+        keep = max(KEEP_SLOT, 3 * (tick.period or 0.0))
+        try:
+            mark = MarkTick(f"{task}\0{tick.entry}", tick.slot_ms, job_id, ms(keep))
+            sent: str | None = yield mark
+        except StoreUnavailable as exc:
+            entry = tick.entry
+            self._note("tick", "store_unavailable", logging.WARNING, task, entry=entry, error=exc)
+            if self._settings.on_store_error == "raise":
+                raise
+            return None
+        if sent is not None:
+            slot = tick.slot_ms
+            self._note(
+                "tick", "already_sent", logging.DEBUG, task, entry=tick.entry, slot=slot, job=sent
+            )
+        return sent
+
+    def saw(self, task: str, entry: str, ticket: Ticket, *, buffers: bool = False) -> None:
+        """The enqueue decision of one tick of ``entry`` (``buffers``: a duplicate of a
+        running holder owes the one run after it)."""
         with self._mutex:
             if not ticket.deduplicated:
                 self._skipping.pop((task, entry), None)
@@ -39,6 +140,5 @@ class ScheduledTicks:
                 self._skipping.clear()  # (at worst an entry is said once more)
             self._skipping[(task, entry)] = ticket.job_id
         level = logging.INFO if first else logging.DEBUG
-        self._note(
-            "beat", "skipped", level, task, entry=entry, holder=ticket.job_id, key=ticket.key
-        )
+        outcome = "buffered" if buffers and ticket.running else "skipped"
+        self._note("beat", outcome, level, task, entry=entry, holder=ticket.job_id, key=ticket.key)

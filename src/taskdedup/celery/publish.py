@@ -36,7 +36,8 @@ from ..submission import (
     published,
     submit,
 )
-from .beat import scheduled_entry
+from ..ticks import once_per_tick
+from .beat import OVERLAP_OPTION, scheduled_tick
 from .canvas import MIN_PATIENCE, publish_follower, register, results_kept
 from .messages import RESEND_OPTION, SCOPE_HEADER, add_key, call_of
 from .redis_push import PENDING, NotPublished, PendingEnqueue, StoreDown, hear_sent
@@ -66,20 +67,24 @@ class Publisher:
         if task is not None:
             policy, limits = task_policy(task, integ.settings), task_limits(task)
             pace = task_pace(task)
-        if policy is None and limits is None and pace is None and idempotency[0] is None:
+        tick = scheduled_tick()
+        if tick is not None:
+            options.pop(OVERLAP_OPTION, None)  # (read from the entry, never sent)
+        ticked = tick is not None and once_per_tick(integ.settings, policy is not None)
+        if not (policy or limits or pace or idempotency[0] is not None or ticked):
             return self.original(name, args, kwargs, **options)
         if task is not None:
             integ.prepare(task)  # a task registered after the app was finalized
         known = getattr(self._known, "call", None)  # bound once: in apply_async, then here
         key = known[2] if known and known[0] is args and known[1] is kwargs else None
         call = call_of(task, name, args, kwargs, options, policy, limits, idempotency, key)
-        call.scheduled, call.pace = scheduled_entry(), pace
+        call.tick, call.pace = tick, pace
         call.in_worker = call.member and integ.app.current_worker_task is not None
         if call.member and not call.retry:  # never capped, followed when a duplicate
             if policy is None or idempotency[0] is not None or not results_kept(integ, task):
                 return self.original(name, args, kwargs, **options)  # as it is: never waits
         elif policy and not (call.retry or call.limits or call.pace or call.idempotency_key
-                             or call.scheduled):  # fmt: skip
+                             or call.tick):  # fmt: skip
             fast = self._publish_fast(call, policy, name, args, kwargs, options)
             if fast is not None:
                 return fast

@@ -33,6 +33,7 @@ class Ticket:
     duplicates: int = 0
     dry_run: bool = False
     confirm: bool = False  # the lock waits for a publish confirmation (G11)
+    running: bool = False  # a duplicate: its holder was running (not still queued)
 
     @property
     def acquired(self) -> bool:

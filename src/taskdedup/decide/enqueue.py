@@ -30,6 +30,7 @@ def plan_enqueue(
     key: str | None = None,
     expires_in: float | None = None,
     quiet: bool = False,
+    counted: bool = True,
 ) -> Ticket | Step[Ticket]:
     """A Ticket when no store call is needed, else the Step whose ``op`` is an
     :class:`Acquire` (raises KeyEncodingError for bad arguments). ``key``: the call's key,
@@ -39,7 +40,8 @@ def plan_enqueue(
     (G13). A job that starts in time takes its lock's life at its claim. ``holder_pending``:
     how long to wait before asking again about a holder whose publish is not confirmed yet.
     ``quiet``: a duplicate is logged at DEBUG (a scheduler's tick, said once per entry by
-    the caller instead)."""
+    the caller instead). ``counted=False``: a duplicate is not counted on the lock, so it owes
+    no run (a scheduler's tick whose entry says overlap "skip")."""
     p, task = tp.policy, tp.task
     if not active(settings, task) or p.strategy not in ENQUEUE_LOCKING:
         return Ticket("skipped", job_id, None)
@@ -55,13 +57,15 @@ def plan_enqueue(
     debounce_ms, wait_ms = p.debounce_ms
     grace = min(ms(settings.grace), ttl)
     dry = settings.dry_run
-    if not tp.keeps_arguments:
+    if not tp.keeps_arguments or not counted:
         payload = None
     limit = settings.reschedule_payload_limit
     if payload is not None and limit and len(payload.encode()) > limit:
         raise PayloadTooLarge(task, len(payload.encode()), limit)
     cancel = p.running == "cancel"
-    op = Acquire(key, job_id, ttl, grace, not dry, payload, task, debounce_ms, wait_ms, cancel)
+    op = Acquire(
+        key, job_id, ttl, grace, counted and not dry, payload, task, debounce_ms, wait_ms, cancel
+    )
 
     def done(reply: AcquireReply) -> Ticket:
         if reply.acquired:
@@ -92,7 +96,15 @@ def plan_enqueue(
         if p.on_conflict == "raise" and not dry:
             raise DuplicateJob(reply.holder, key, task)
         holder = job_id if dry else reply.holder
-        return Ticket("duplicate", holder, key, reply.fence, reply.duplicates, dry_run=dry)
+        return Ticket(
+            "duplicate",
+            holder,
+            key,
+            reply.fence,
+            reply.duplicates,
+            dry_run=dry,
+            running=reply.running,
+        )
 
     def failed(exc: StoreUnavailable) -> Ticket:
         note("enqueue", "store_unavailable", logging.WARNING, task, error=exc, key=key, job=job_id)

@@ -70,8 +70,7 @@ def plan_finish(
     """The job ended for good (success or final failure): release, throttle or hand off."""
     p = tp.policy
     holds = p.strategy in HOLD_WHILE_RUNNING or p.strategy in RUN_LOCKING
-    owes = p.on_conflict in ("reschedule_once", "supersede")  # a run for a duplicate while it ran
-    reschedule = owes and p.strategy in HOLD_WHILE_RUNNING
+    reschedule = p.owes_runs and p.strategy in HOLD_WHILE_RUNNING  # a duplicate while it ran
     ttl = ms(p.ttl_seconds)
     op = Finish(
         key,

@@ -328,6 +328,19 @@ class Pace(Op[int]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class MarkTick(Op["str | None"]):
+    """Take scheduled tick ``slot_ms`` of schedule entry ``entry`` for ``job_id``: None when
+    the tick is new (later than any the entry sent), else the job id of the entry's latest
+    tick (this tick, or a later one, was sent already). The entry keeps one record, its
+    latest tick and that tick's job, for ``ttl_ms``."""
+
+    entry: str
+    slot_ms: int
+    job_id: str
+    ttl_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ListScopes(Op[list[str]]):
     """The scopes with live slots (for the tools), at most ``limit``."""
 
@@ -464,8 +477,8 @@ class PushesWithLock(Protocol):
 
 
 def scope_key(scope: str, kind: str = "res") -> str:
-    """The store key of a reservation (``res``) or pacing (``pace``) scope (any string; never
-    used raw in a record name)."""
+    """The store key of a reservation (``res``), pacing (``pace``) or schedule entry's
+    (``tick``) scope (any string; never used raw in a record name)."""
     return f"{kind}:" + hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 

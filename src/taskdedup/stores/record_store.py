@@ -26,6 +26,7 @@ from .base import (
     JobState,
     ListScopes,
     ListSlots,
+    MarkTick,
     Op,
     Pace,
     Peek,
@@ -63,6 +64,7 @@ TRANSITIONS: dict[type[Any], Callable[[Any, Records], Any]] = {
     ListSlots: slots.list_slots,
     ListScopes: slots.list_scopes,
     Pace: slots.pace,
+    MarkTick: slots.mark_tick,
 }
 
 

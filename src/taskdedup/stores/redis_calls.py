@@ -31,6 +31,7 @@ from .base import (
     ListSlots,
     LockInfo,
     LockState,
+    MarkTick,
     Op,
     Pace,
     Peek,
@@ -64,6 +65,7 @@ SCRIPTS = (
     "peek",
     "force_unlock",
     "pace",
+    "tick",
 )
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
 
@@ -141,6 +143,7 @@ class ScriptCalls:
             ListSlots: self.list_slots,
             ForceUnlock: self.force_unlock,
             Pace: self.pace,
+            MarkTick: self.mark_tick,
         }
 
     def _call(
@@ -256,6 +259,14 @@ class ScriptCalls:
             self.names(scope_key(op.scope, "pace"), "pace"),
             [op.interval_ms, op.burst],
             int,
+        )
+
+    def mark_tick(self, op: MarkTick) -> ScriptCall:
+        return self._call(
+            "tick",
+            self.names(scope_key(op.entry, "tick"), "tick"),
+            [op.slot_ms, op.job_id, op.ttl_ms],
+            lambda r: None if r is None else as_text(r),
         )
 
     def reserve(self, op: Reserve) -> ScriptCall:

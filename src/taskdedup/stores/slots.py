@@ -8,6 +8,7 @@ from .base import (
     Lease,
     ListScopes,
     ListSlots,
+    MarkTick,
     Pace,
     Remember,
     RememberReply,
@@ -114,3 +115,15 @@ def pace(op: Pace, r: Records) -> int:
     start = max(r.now, tat - (op.burst - 1) * op.interval_ms)
     r.put(name, {"t": tat + op.interval_ms}, tat + op.interval_ms)
     return start - r.now
+
+
+# -- a schedule entry's latest tick: {"s": slot ms, "j": its job} (tick.lua's twin)
+
+
+def mark_tick(op: MarkTick, r: Records) -> str | None:
+    name = r.name(scope_key(op.entry, "tick"), "tick")
+    rec = r.get(name)
+    if rec is not None and rec["s"] >= op.slot_ms:
+        return str(rec["j"])
+    r.put(name, {"s": op.slot_ms, "j": op.job_id}, r.now + op.ttl_ms)
+    return None

@@ -12,6 +12,7 @@ from taskiq.result import TaskiqResult
 
 from ..stores import Store
 from .producer import Producer
+from .schedule import hook_scheduler
 from .state import DedupState
 from .worker import Worker
 
@@ -34,6 +35,7 @@ class DedupMiddleware(DedupState):
 
     def __init__(self, store_or_url: Store | str | None = None, **settings: Any) -> None:
         super().__init__(store_or_url, **settings)
+        hook_scheduler()  # a scheduler's sends know their tick
         self.worker = Worker(self)
         self.producer = Producer(self, self.worker.retried)
 

@@ -34,6 +34,7 @@ from ..errors import StoreUnavailable
 from ..recent import RecentKeys
 from ..stores import pushes_with_lock
 from ..submission import Call, Taken
+from ..ticks import once_per_tick
 from .options import (
     ATTEMPT_LABEL,
     FENCE_LABEL,
@@ -55,6 +56,7 @@ from .options import (
     task_limits,
     task_pace,
 )
+from .schedule import sent_tick
 from .sends import (
     PASS_THROUGH,
     Decision,
@@ -142,7 +144,9 @@ class Producer:
             return None
         policy, limits = self.mw.policies.for_message(task, message), task_limits(task)
         idempotency_key, pace = label(message, IDEMPOTENCY_KEY_LABEL), task_pace(task)
-        if policy is None and limits is None and pace is None and idempotency_key is None:
+        tick = sent_tick(message.labels.get("schedule_id"))
+        ticked = tick is not None and once_per_tick(self.mw.settings, policy is not None)
+        if not (policy or limits or pace or idempotency_key is not None or ticked):
             return None
         retries = int(label(message, RETRIES_LABEL) or 0)
         ttl = label(message, IDEMPOTENCY_TTL_LABEL)
@@ -158,7 +162,7 @@ class Producer:
             idempotency_ttl=None if ttl is None else float(ttl),
             delay=float(label(message, "delay") or 0.0),
             queue=queue_of(broker, message),
-            scheduled=message.labels.get("schedule_id"),
+            tick=tick,
             dump=lambda: dump_call(broker, message.args, message.kwargs),
             pace=pace,
         )
@@ -174,7 +178,7 @@ class Producer:
         push, on a taskiq-redis ListQueueBroker on the store's own Redis; not a scheduler's
         tick (the usual path says its skips once per entry). False: the usual path."""
         policy, settings = call.policy, self.mw.settings
-        plain = not (call.idempotency_key or call.limits or call.pace or call.scheduled)
+        plain = not (call.idempotency_key or call.limits or call.pace or call.tick)
         if policy is None or not plain:
             return False
         if not submission.may_fuse(policy, settings, errors_leave_publish=False):

@@ -42,6 +42,7 @@ from ..stores.base import (
     Lease,
     ListScopes,
     ListSlots,
+    MarkTick,
     Pace,
     Peek,
     Release,
@@ -1106,3 +1107,38 @@ def test_a_quiet_paced_scope_starts_at_once_again_and_keeps_nothing(h: Harness) 
     scope = "pace-" + new_key()
     assert [h.store.run(Pace(scope, 150, 1)) for _ in range(2)][1] > 0
     assert h.after(0.3, lambda: h.store.run(Pace(scope, 150, 1)) == 0)
+
+
+# ---------------------------------------------------------------- a schedule entry's ticks
+
+
+def test_a_tick_is_taken_by_its_first_send_and_a_late_send_of_an_earlier_one_is_not_new(
+    h: Harness,
+) -> None:
+    """The first send of a slot takes it; another send of it, or of an earlier slot (a late
+    scheduler), is answered with the job of the entry's latest tick; a later slot is new.
+    Entries are apart."""
+    entry, day = "nightly-" + new_key(), 86_400_000
+    assert h.store.run(MarkTick(entry, 1_000_000, "J1", day)) is None
+    assert h.store.run(MarkTick(entry, 1_000_000, "J2", day)) == "J1"  # a second scheduler
+    assert h.store.run(MarkTick(entry, 940_000, "J0", day)) == "J1"  # a late one, past slot
+    assert h.store.run(MarkTick(entry, 1_060_000, "J3", day)) is None  # the next tick
+    assert h.store.run(MarkTick(entry, 1_000_000, "J4", day)) == "J3"
+    assert h.store.run(MarkTick("other-" + new_key(), 1_000_000, "K", day)) is None
+
+
+def test_twenty_schedulers_sending_one_tick_at_once_send_it_once(h: Harness) -> None:
+    """Twenty concurrent sends of one slot: exactly one takes it, and every other is told
+    that one's job."""
+    entry = "every-second-" + new_key()
+    replies = race(20, lambda i: h.store.run(MarkTick(entry, 5_000, f"J{i}", 60_000)))
+    winners = [f"J{i}" for i, reply in enumerate(replies) if reply is None]
+    assert len(winners) == 1, replies
+    assert {reply for reply in replies if reply is not None} == set(winners)
+
+
+def test_an_entry_keeps_its_latest_tick_for_its_ttl_only(h: Harness) -> None:
+    """The entry's record expires (G9): after it, a send of the same slot is new again."""
+    entry = "short-" + new_key()
+    assert h.store.run(MarkTick(entry, 7_000, "J1", 150)) is None
+    assert h.after(0.3, lambda: h.store.run(MarkTick(entry, 7_000, "J2", 150)) is None)

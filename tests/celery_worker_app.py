@@ -260,3 +260,46 @@ def paced_job(n: int) -> int:
     marks.rpush(f"{PREFIX}:mark:paced", json.dumps([n, time.time()]))
     marks.expire(f"{PREFIX}:mark:paced", 600)
     return n
+
+
+# ---------------------------------------------------------------- tests/test_schedules.py
+# Two `celery beat` processes send these entries every second; each run notes the slot of the
+# tick it was sent for (the taskdedup_tick header), its job and its start and end.
+
+app.conf.beat_schedule = {
+    "every-second": {"task": "sub.every_tick", "schedule": 1.0, "args": ("every-second",)},
+    "overrun-skip": {"task": "sub.overrun_skip", "schedule": 1.0, "args": ("overrun-skip",)},
+    "overrun-buffer": {
+        "task": "sub.overrun_buffer",
+        "schedule": 1.0,
+        "args": ("overrun-buffer",),
+    },
+}
+
+
+def note_tick(task: object, entry: str, seconds: float) -> None:
+    request = task.request  # type: ignore[attr-defined]
+    slot = request.get("taskdedup_tick")
+    log = f"{PREFIX}:mark:ticks:{entry}"
+    marks.rpush(log, f"start {slot} {request.id} {time.time():.6f}")
+    time.sleep(seconds)
+    marks.rpush(log, f"end {slot} {request.id} {time.time():.6f}")
+    marks.expire(log, 600)
+
+
+@deduplicate("until_executed", lease=2, keys=["entry"])
+@app.task(name="sub.every_tick", bind=True, shared=False)
+def every_tick(self: object, entry: str) -> None:
+    note_tick(self, entry, 0.0)
+
+
+@deduplicate("until_executed", lease=2, keys=["entry"], overlap="skip")
+@app.task(name="sub.overrun_skip", bind=True, shared=False)
+def overrun_skip(self: object, entry: str) -> None:
+    note_tick(self, entry, 2.2)
+
+
+@deduplicate("until_executed", lease=2, keys=["entry"], overlap="buffer_one")
+@app.task(name="sub.overrun_buffer", bind=True, shared=False)
+def overrun_buffer(self: object, entry: str) -> None:
+    note_tick(self, entry, 2.2)

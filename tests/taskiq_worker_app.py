@@ -265,3 +265,54 @@ async def paced(n: int) -> int:
     marks.rpush(f"{PREFIX}:mark:paced", json.dumps([n, time.time()]))
     marks.expire(f"{PREFIX}:mark:paced", 600)
     return n
+
+
+# ---------------------------------------------------------------- tests/test_schedules.py
+# Two `taskiq scheduler` processes send these every second (label-based schedules: each
+# scheduler gives them a random schedule_id); each run notes the slot of the tick it was sent
+# for (the taskdedup_tick label), its job, and its start and end.
+
+from taskiq import TaskiqScheduler  # noqa: E402
+from taskiq.schedule_sources import LabelScheduleSource  # noqa: E402
+
+scheduler = TaskiqScheduler(broker, [LabelScheduleSource(broker)])
+
+
+async def note_tick(context: Context, entry: str, seconds: float) -> None:
+    message = context.message
+    slot, log = message.labels.get("taskdedup_tick"), f"{PREFIX}:mark:ticks:{entry}"
+    marks.rpush(log, f"start {slot} {message.task_id} {time.time():.6f}")
+    await asyncio.sleep(seconds)
+    marks.rpush(log, f"end {slot} {message.task_id} {time.time():.6f}")
+    marks.expire(log, 600)
+
+
+def every_second(entry: str) -> list[dict[str, object]]:
+    return [{"interval": 1, "args": [entry]}]
+
+
+@broker.task(
+    task_name="sub.every_tick",
+    schedule=every_second("every-second"),
+    deduplicate={"strategy": "until_executed", "lease": 2},
+)
+async def every_tick(entry: str, context: Context = CONTEXT) -> None:
+    await note_tick(context, entry, 0.0)
+
+
+@broker.task(
+    task_name="sub.overrun_skip",
+    schedule=every_second("overrun-skip"),
+    deduplicate={"strategy": "until_executed", "lease": 2, "overlap": "skip"},
+)
+async def overrun_skip(entry: str, context: Context = CONTEXT) -> None:
+    await note_tick(context, entry, 2.2)
+
+
+@broker.task(
+    task_name="sub.overrun_buffer",
+    schedule=every_second("overrun-buffer"),
+    deduplicate={"strategy": "until_executed", "lease": 2, "overlap": "buffer_one"},
+)
+async def overrun_buffer(entry: str, context: Context = CONTEXT) -> None:
+    await note_tick(context, entry, 2.2)

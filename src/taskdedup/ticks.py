@@ -48,12 +48,15 @@ class Tick:
     """One send of a schedule entry by a scheduler. ``slot_ms``: the tick's scheduled time
     (epoch ms, the same in every scheduler of the entry), None when the scheduler did not say
     (then only the overlap applies). ``period``: seconds between the entry's ticks, if known.
-    ``overlap``: the entry's own overlap, over the task's."""
+    ``overlap``: the entry's own overlap, over the task's. ``same_as``: what makes two
+    schedulers' entries one, when their names may differ (taskiq's label-based schedules get a
+    random id in each scheduler): the schedule and its call; else the name."""
 
     entry: str
     slot_ms: int | None = None
     period: float | None = None
     overlap: str | None = None
+    same_as: str | None = None
 
 
 def interval_slot(now: float, period: float) -> int:
@@ -113,7 +116,7 @@ class ScheduledTicks:
             return None
         keep = max(KEEP_SLOT, 3 * (tick.period or 0.0))
         try:
-            mark = MarkTick(f"{task}\0{tick.entry}", tick.slot_ms, job_id, ms(keep))
+            mark = MarkTick(f"{task}\0{tick.same_as or tick.entry}", tick.slot_ms, job_id, ms(keep))
             sent: str | None = yield mark
         except StoreUnavailable as exc:
             entry = tick.entry

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..decide import Step, Ticket
+from ..decide.envelope import TICK
 from ..policy import TaskPolicy
 from ..recent import RecentKeys
 from ..stores.base import SendsEarly, Sent
@@ -119,6 +120,8 @@ class Publisher:
             add_key(taken.key, options)
         if taken.scope is not None:
             options["headers"] = {**(options.get("headers") or {}), SCOPE_HEADER: taken.scope}
+        if call.tick is not None and call.tick.slot_ms is not None:
+            options["headers"] = {**(options.get("headers") or {}), TICK: call.tick.slot_ms}
         if taken.start_in is not None:  # @pace: a later start than the call asked for
             options.pop("eta", None)
             options["countdown"] = taken.start_in

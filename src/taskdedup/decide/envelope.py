@@ -12,6 +12,7 @@ from .answers import Admission, parse_lost_claims, with_lost_claim
 KEY = "taskdedup_key"  # the dedup key, so the worker need not compute it again
 SCOPE = "taskdedup_scope"  # the reservation scope whose slot the job holds
 FENCE = "taskdedup_fence"  # the fencing token of the running job (taskiq labels)
+TICK = "taskdedup_tick"  # a scheduler's send: the slot of its tick (epoch ms)
 #: How many times a delivery was sent back because the store could not answer its claim.
 STORE_WAITS = "taskdedup_store_waits"
 #: The nonces of this job's claims whose replies never arrived (see Admission.claim_nonce).

@@ -29,7 +29,7 @@ from taskiq.task import AsyncTaskiqTask
 from taskiq_redis import ListQueueBroker
 
 from .. import submission
-from ..decide import Step, Ticket
+from ..decide import Step, Ticket, envelope
 from ..errors import StoreUnavailable
 from ..recent import RecentKeys
 from ..stores import pushes_with_lock
@@ -131,6 +131,8 @@ class Producer:
             set_label(message, SCOPE_LABEL, taken.scope, parsed=False)
         if taken.start_in is not None:  # @pace: the worker holds it back until then
             set_label(message, START_LABEL, repr(time.time() + taken.start_in), parsed=False)
+        if call.tick is not None and call.tick.slot_ms is not None:
+            set_label(message, envelope.TICK, call.tick.slot_ms, parsed=False)
         message.task_id = taken.job_id  # a duplicate's (or a hit's) handle: the existing job
         remember(Decision(message, call.job_id, taken))  # for the kick
         return message

@@ -24,7 +24,7 @@ from taskiq.message import TaskiqMessage
 
 from .. import submission
 from ..decide import STORE_RETRY_MAX
-from ..decide.envelope import Waits
+from ..decide.envelope import TICK, Waits
 from ..delivery import HandOff
 from .options import (
     ATTEMPT_LABEL,
@@ -41,7 +41,7 @@ from .sends import PASS_THROUGH, load_call
 from .state import DedupState
 
 log = logging.getLogger("taskdedup")
-_NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id")
+_NOT_HANDED_ON = (RETRIES_LABEL, FENCE_LABEL, ATTEMPT_LABEL, SCOPE_LABEL, "schedule_id", TICK)
 
 
 class Resender:

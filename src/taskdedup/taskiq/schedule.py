@@ -16,6 +16,8 @@ it) is still a tick by its ``schedule_id`` label, without a slot: only the overl
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import json
 import threading
 import time
 from datetime import timedelta, timezone
@@ -30,16 +32,22 @@ _hooked = threading.Lock()
 
 
 def tick_of(task: Any) -> Tick:
-    """The tick of a ``ScheduledTask`` being sent now."""
+    """The tick of a ``ScheduledTask`` being sent now. Its entry is one in every scheduler
+    by what it schedules (a label-based schedule's id is random in each process)."""
     entry, now = str(task.schedule_id), time.time()
+    what = [task.task_name, task.cron, task.cron_offset, task.interval, task.time, task.args]
+    same_as = hashlib.sha256(
+        json.dumps([*what, task.kwargs], sort_keys=True, default=str).encode()
+    ).hexdigest()[:32]
     if task.time is not None:
         moment = task.time if task.time.tzinfo else task.time.replace(tzinfo=timezone.utc)
-        return Tick(entry, slot_ms(moment.timestamp()))
+        return Tick(entry, slot_ms(moment.timestamp()), same_as=same_as)
     if task.interval is not None:
         interval = task.interval
         period = interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
-        return Tick(entry, interval_slot(now, period), period)
-    return Tick(entry, slot_ms(round(now / 60) * 60), 60.0)  # cron: sent at its minute's start
+        return Tick(entry, interval_slot(now, period), period, same_as=same_as)
+    # cron: sent at its minute's start
+    return Tick(entry, slot_ms(round(now / 60) * 60), 60.0, same_as=same_as)
 
 
 def sent_tick(schedule_id: Any) -> Tick | None:

@@ -34,7 +34,7 @@ from .recent import RecentKeys
 from .reservations import ReservationGuard, ReservePolicy
 from .settings import Settings
 from .stores.base import Acquire, AcquireReply, PushesWithLock
-from .ticks import Tick, once_per_tick, tick_policy
+from .ticks import Tick, once_per_tick, tick_overlap, tick_policy
 
 log = logging.getLogger("taskdedup")
 
@@ -114,6 +114,8 @@ def take(
     limits = call.limits
     scope = limits.scope_for(call.task, call.fn, call.args, call.kwargs) if limits else None
     taken = Taken("publish", call.job_id)
+    if call.tick is not None and call.policy is not None:
+        tick_overlap(call.policy, call.tick)  # (a bad entry takes no tick)
     if call.tick is not None and once_per_tick(dedup.settings, call.policy is not None):
         sent = yield from dedup.ticks.claim_flow(call.task, call.tick, call.job_id)
         if sent is not None:  # this tick (or a later one) is out already

@@ -77,24 +77,31 @@ def once_per_tick(settings: Settings, deduplicated: bool) -> bool:
     return mode == "all" or (mode == "deduplicated" and deduplicated)
 
 
-def tick_policy(tp: TaskPolicy, tick: Tick, key: str) -> tuple[TaskPolicy, str, bool]:
-    """The policy, key and counting a tick's enqueue takes by its overlap (the entry's, else
-    the task's): ``allow`` gives the tick a key of its own; ``skip`` does not count it on a
-    lock whose duplicates owe a run (so it owes none); ``buffer_one`` needs a task whose
-    duplicates owe one (else a ConfigError naming the task)."""
-    overlap: Overlap = tp.policy.overlap
-    if tick.overlap is not None:
-        check_overlap(tick.overlap, f"overlap of schedule entry {tick.entry!r}")
-        overlap = tick.overlap  # type: ignore[assignment]
-    if overlap == "allow":
-        slot = tick.slot_ms if tick.slot_ms is not None else "unslotted"
-        return tp, f"{key}@tick:{slot}", True
-    if overlap == "buffer_one" and not tp.policy.owes_runs:
+def tick_overlap(tp: TaskPolicy, tick: Tick) -> Overlap:
+    """A tick's overlap: the entry's, else the task's. An entry's value that does not exist,
+    or ``buffer_one`` of a task whose duplicates owe no run, is a ConfigError naming the
+    task and the entry (checked before the tick is taken, so a fixed entry's next send of
+    it goes out)."""
+    if tick.overlap is None:
+        return tp.policy.overlap
+    check_overlap(tick.overlap, f"overlap of schedule entry {tick.entry!r}")
+    if tick.overlap == "buffer_one" and not tp.policy.owes_runs:
         raise ConfigError(
             f"task {tp.task!r}: schedule entry {tick.entry!r} asks overlap='buffer_one', but "
             "the task's duplicates owe no run after the running one; declare overlap="
             "'buffer_one' on the task (with strategy='until_executed')"
         )
+    return tick.overlap  # type: ignore[return-value]
+
+
+def tick_policy(tp: TaskPolicy, tick: Tick, key: str) -> tuple[TaskPolicy, str, bool]:
+    """The policy, key and counting a tick's enqueue takes by its overlap: ``allow`` gives
+    the tick a key of its own; ``skip`` does not count it on a lock whose duplicates owe a run
+    (so it owes none); ``buffer_one`` counts it (it owes the run after the running one)."""
+    overlap = tick_overlap(tp, tick)
+    if overlap == "allow":
+        slot = tick.slot_ms if tick.slot_ms is not None else "unslotted"
+        return tp, f"{key}@tick:{slot}", True
     return tp, key, overlap == "buffer_one" or not tp.policy.owes_runs
 
 

@@ -46,9 +46,15 @@ CLASSES_ABOVE: dict[str, int] = {}
 #: 27's ``@pace`` raised both: its decision is the core's (submission.paced, a store call),
 #: but each adapter translates it, a decorator and a task option or label, then a countdown
 #: (Celery) or a delivery held until its start (taskiq): +18 and +39 lines after sharing the
-#: decorators' plumbing with ``@reserve``.
-ADAPTERS_ABOVE = {"taskdedup.celery": 1713, "taskdedup.taskiq": 1184}
-ADAPTER_TARGETS = {"taskdedup.celery": 1715, "taskdedup.taskiq": 1185}
+#: decorators' plumbing with ``@reserve``. Issue 27's one run per tick raised the targets:
+#: the slot, the overlap and every rule about a tick are the core's (ticks.py: the grid, the
+#: due tick, the entries' identity, the context a scheduler sends in, the once-per-process
+#: wrapping), but each adapter must hook its scheduler and read its schedule kinds: Celery
+#: beat's apply_async/is_due/reserve (an interval entry kept to the grid, a crontab's due
+#: time, an entry's overlap option) +51, taskiq's on_ready and ScheduledTask's cron/interval/
+#: time +35.
+ADAPTERS_ABOVE = {"taskdedup.celery": 1764, "taskdedup.taskiq": 1220}
+ADAPTER_TARGETS = {"taskdedup.celery": 1766, "taskdedup.taskiq": 1220}
 
 
 def modules() -> dict[str, Path]:

@@ -21,11 +21,17 @@ name the entry and the tick's scheduled time, its slot, in a :class:`Tick`
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import threading
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, StoreUnavailable
 from .policy import Overlap, TaskPolicy, check_overlap
@@ -59,16 +65,64 @@ class Tick:
     same_as: str | None = None
 
 
-def interval_slot(now: float, period: float) -> int:
-    """The slot of an interval schedule's send at ``now`` (epoch seconds): the grid point of
-    its period nearest to now, so that schedulers started at different times, or a little
-    early or late, name the same tick."""
-    return round(now / period) * ms(period)
+def grid_point(period: float, now: float | None = None) -> float:
+    """The grid point of ``period`` nearest to ``now`` (epoch seconds): the tick an interval
+    schedule's send at ``now`` is for, the same in schedulers started at different times or
+    sending a little early or late."""
+    now = time.time() if now is None else now
+    return round(now / period) * period
 
 
-def slot_ms(seconds: float) -> int:
-    """An epoch time in seconds as a slot (whole ms)."""
-    return math.floor(seconds * 1000)
+def interval_tick(entry: str, period: float, overlap: Any = None, same_as: Any = None) -> Tick:
+    """The tick an interval schedule (or a cron one, period 60) sends now."""
+    return Tick(entry, round(grid_point(period) * 1000), period, overlap, same_as)
+
+
+def due_tick(entry: str, due: float, overlap: Any = None, same_as: Any = None) -> Tick:
+    """The tick of a schedule that was due at ``due`` (epoch seconds)."""
+    return Tick(entry, math.floor(due * 1000), None, overlap, same_as)
+
+
+def identity(*what: Any) -> str:
+    """What makes two schedulers' entries one when their names may differ: a digest of what
+    they schedule."""
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+_SENDING: contextvars.ContextVar[Tick | None] = contextvars.ContextVar(
+    "taskdedup_tick", default=None
+)
+_wrapping = threading.Lock()
+
+
+@contextlib.contextmanager
+def sending(tick: Tick) -> Iterator[None]:
+    """A scheduler sends ``tick`` in this context (the publish it makes reads it)."""
+    token = _SENDING.set(tick)
+    try:
+        yield
+    finally:
+        _SENDING.reset(token)
+
+
+def sent_now(entry: Any = None) -> Tick | None:
+    """The tick a scheduler is sending in this context, if any. ``entry``: the entry the
+    message names (taskiq's ``schedule_id`` label): a tick of it without a slot when the
+    scheduler sent it without saying (its ``on_ready`` replaced, not wrapped)."""
+    tick = _SENDING.get(None)
+    if entry is None or (tick is not None and tick.entry == str(entry)):
+        return tick
+    return Tick(str(entry))
+
+
+def wrap_once(owner: Any, method: str, wrap: Callable[[Any], Any]) -> None:
+    """Replace ``owner.method`` by ``wrap(original)``, once per process (a scheduler class)."""
+    with _wrapping:
+        if getattr(getattr(owner, method), "_taskdedup_wrapped", False):
+            return
+        wrapped = wrap(getattr(owner, method))
+        wrapped._taskdedup_wrapped = True
+        setattr(owner, method, wrapped)
 
 
 def once_per_tick(settings: Settings, deduplicated: bool) -> bool:

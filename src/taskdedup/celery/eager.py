@@ -20,7 +20,7 @@ from celery.result import EagerResult
 
 from ..recent import RecentKeys
 from ..submission import published, submit
-from .beat import scheduled_tick
+from ..ticks import sent_now
 from .messages import add_key, call_of
 from .state import integration_for
 from .tasks import task_limits, task_policy
@@ -44,7 +44,7 @@ def hook_apply() -> None:
         integ.prepare(task)  # its run claims and finishes, as on a worker
         call = call_of(task, task.name, args, kwargs, options, policy, task_limits(task))
         # (canvas members are followed only where they are published)
-        call.member, call.tick = False, scheduled_tick()
+        call.member, call.tick = False, sent_now()
         dedup = integ.dedup
         if not call.retry:
             call.limits = None

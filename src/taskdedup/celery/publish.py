@@ -37,8 +37,8 @@ from ..submission import (
     published,
     submit,
 )
-from ..ticks import once_per_tick
-from .beat import OVERLAP_OPTION, scheduled_tick
+from ..ticks import once_per_tick, sent_now
+from .beat import OVERLAP_OPTION
 from .canvas import MIN_PATIENCE, publish_follower, register, results_kept
 from .messages import RESEND_OPTION, SCOPE_HEADER, add_key, call_of
 from .redis_push import PENDING, NotPublished, PendingEnqueue, StoreDown, hear_sent
@@ -68,7 +68,7 @@ class Publisher:
         if task is not None:
             policy, limits = task_policy(task, integ.settings), task_limits(task)
             pace = task_pace(task)
-        tick = scheduled_tick()
+        tick = sent_now()
         if tick is not None:
             options.pop(OVERLAP_OPTION, None)  # (read from the entry, never sent)
         ticked = tick is not None and once_per_tick(integ.settings, policy is not None)

@@ -34,7 +34,7 @@ from ..errors import StoreUnavailable
 from ..recent import RecentKeys
 from ..stores import pushes_with_lock
 from ..submission import Call, Taken
-from ..ticks import once_per_tick
+from ..ticks import once_per_tick, sent_now
 from .options import (
     ATTEMPT_LABEL,
     FENCE_LABEL,
@@ -56,7 +56,6 @@ from .options import (
     task_limits,
     task_pace,
 )
-from .schedule import sent_tick
 from .sends import (
     PASS_THROUGH,
     Decision,
@@ -146,7 +145,7 @@ class Producer:
             return None
         policy, limits = self.mw.policies.for_message(task, message), task_limits(task)
         idempotency_key, pace = label(message, IDEMPOTENCY_KEY_LABEL), task_pace(task)
-        tick = sent_tick(message.labels.get("schedule_id"))
+        tick = sent_now(message.labels.get("schedule_id"))
         ticked = tick is not None and once_per_tick(self.mw.settings, policy is not None)
         if not (policy or limits or pace or idempotency_key is not None or ticked):
             return None

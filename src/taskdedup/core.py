@@ -39,6 +39,7 @@ from .decide import (
 from .errors import StoreUnavailable
 from .flow import Flow, adrive, drive
 from .policy import TaskPolicy
+from .reservations import renew_each
 from .settings import Settings
 from .stores import sends_early
 from .stores.base import AcquireReply, Lease, Op, Release, Store
@@ -353,14 +354,16 @@ class Deduplicator(Runner):
     def heartbeat(self, leases: Iterable[Lease]) -> tuple[int, ...] | None:
         """Renew many leases in one batch; None when the store is down (logged). Each answer
         says whether that job still held something (see :meth:`lease_lost`)."""
-        batch = tuple(leases)
-        return self._renewed(self._run(plan_heartbeat(batch, note=self.note))) if batch else ()
+        batch, fold = renew_each(tuple(leases))
+        return (
+            fold(self._renewed(self._run(plan_heartbeat(batch, note=self.note)))) if batch else ()
+        )
 
     async def aheartbeat(self, leases: Iterable[Lease]) -> tuple[int, ...] | None:
-        batch = tuple(leases)
+        batch, fold = renew_each(tuple(leases))
         if not batch:
             return ()
-        return self._renewed(await self._arun(plan_heartbeat(batch, note=self.note)))
+        return fold(self._renewed(await self._arun(plan_heartbeat(batch, note=self.note))))
 
     def _renewed(self, reply: tuple[int, ...] | None) -> tuple[int, ...] | None:
         if reply is not None:

@@ -66,3 +66,17 @@ def kept(owner: Any, options: Any, attr: str, build: Callable[[Any], T]) -> T | 
     built = build(options)
     setattr(owner, attr, (options, built))
     return built
+
+
+def own(owner: Any, attr: str) -> Any:
+    """``owner``'s own ``attr`` (not one it inherits from a class), or None."""
+    return vars(owner).get(attr) if owner is not None and hasattr(owner, "__dict__") else None
+
+
+def stack_caps(options: Any, *previous: Any) -> Any:
+    """A ``@reserve`` on a task that already declares one (the first of ``previous`` that is
+    not None) adds its cap: stacked caps, a list of both, all taken together or none."""
+    for before in previous:
+        if before is not None and before is not options:
+            return [*(before if isinstance(before, list) else [before]), options]
+    return options

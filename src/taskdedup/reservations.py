@@ -38,6 +38,7 @@ from .stores.base import (
     ListScopes,
     ListSlots,
     Reserve,
+    ReserveAll,
     ReserveReply,
     Slot,
     Store,
@@ -58,13 +59,14 @@ class ReservePolicy:
     """A task's cap: ``max_concurrent`` jobs in flight per scope.
 
     scope: the name of the task argument whose value names the scope (the scope is then
-        ``"<name>=<value>"``, shared by every task that caps the same argument), or a callable
-        that gets the task's arguments by name (defaults applied) and returns the scope.
+        ``"<name>=<value>"``, shared by every task that caps the same argument), a callable
+        that gets the task's arguments by name (defaults applied) and returns the scope, or
+        None (the default): the task as a whole (the scope is the task's name).
     ttl: seconds a slot lives without news: from reservation until the job starts.
     """
 
     max_concurrent: int
-    scope: str | Callable[..., Any]
+    scope: str | Callable[..., Any] | None = None
     ttl: Seconds = DEFAULT_TTL
 
     def __post_init__(self) -> None:
@@ -74,7 +76,11 @@ class ReservePolicy:
             or self.max_concurrent < 1
         ):
             raise ConfigError(f"max_concurrent must be an int >= 1, not {self.max_concurrent!r}")
-        if not (callable(self.scope) or (isinstance(self.scope, str) and self.scope)):
+        if not (
+            self.scope is None
+            or callable(self.scope)
+            or (isinstance(self.scope, str) and self.scope)
+        ):
             raise ConfigError(f"scope must be an argument name or a callable, not {self.scope!r}")
         object.__setattr__(self, "ttl", seconds(self.ttl, name="ttl"))
 
@@ -83,9 +89,16 @@ class ReservePolicy:
         return cast(float, self.ttl)
 
     @classmethod
-    def from_options(cls, options: ReservePolicy | Mapping[str, Any]) -> ReservePolicy:
+    def from_options(
+        cls, options: ReservePolicy | Mapping[str, Any] | list[Any] | tuple[Any, ...]
+    ) -> ReservePolicy:
+        """One cap from its options; several (a list: stacked caps) as one :class:`CapStack`."""
         if isinstance(options, ReservePolicy):
             return options
+        if isinstance(options, list | tuple):
+            return CapStack.of([cls.from_options(one) for one in options])
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"reserve takes a dict of options or a list of them, not {options!r}")
         unknown = set(options) - {"max_concurrent", "scope", "ttl"}
         if unknown:
             raise ConfigError(
@@ -106,7 +119,66 @@ class ReservePolicy:
         kwargs: Mapping[str, Any],
     ) -> str:
         """The scope of one call."""
+        if self.scope is None:
+            return task
         return scope_of(task, "reserve", self.scope, fn, args, kwargs)
+
+
+#: A stacked scope: each cap's ``<limit>\x1f<scope>``, joined by ``\x1e`` (what a job's
+#: message carries, so that whoever frees or renews its slots knows them all).
+_LIMIT, _JOIN = "\x1f", "\x1e"
+
+
+def stacked_scope(parts: Sequence[tuple[str, int]]) -> str:
+    """One scope string for a job that holds a slot of each ``(scope, limit)``."""
+    return _JOIN.join(f"{limit}{_LIMIT}{scope}" for scope, limit in parts)
+
+
+def parts_of(scope: str) -> list[tuple[str, int]] | None:
+    """The ``(scope, limit)`` parts of a stacked scope; None for a scope of one cap."""
+    if _LIMIT not in scope:
+        return None
+    return [(name, int(limit)) for limit, name in (p.split(_LIMIT, 1) for p in scope.split(_JOIN))]
+
+
+@dataclasses.dataclass(frozen=True)
+class CapStack(ReservePolicy):
+    """Several caps of one task (a global cap and a per-tenant one, say): a job takes a slot
+    of every scope in one atomic step or none, and a refusal names the scope that was full.
+    ``max_concurrent``, ``scope`` and ``ttl`` are the first cap's, ``caps`` all of them."""
+
+    caps: tuple[ReservePolicy, ...] = ()
+
+    @classmethod
+    def of(cls, caps: Sequence[ReservePolicy]) -> ReservePolicy:
+        if not caps:
+            raise ConfigError("reserve: an empty list of caps; give one or more")
+        if len(caps) == 1:
+            return caps[0]
+        first = caps[0]
+        ttl = max(cap.ttl_seconds for cap in caps)
+        return cls(first.max_concurrent, first.scope, ttl, tuple(caps))
+
+    def check(self, task: str, fn: Callable[..., Any] | None) -> None:
+        seen: list[object] = []
+        for cap in self.caps:
+            cap.check(task, fn)
+            if cap.scope in seen:
+                raise ConfigError(
+                    f"two caps of scope {cap.scope!r}: each cap must name its own scope "
+                    "(merge them into one, with the lower max_concurrent)"
+                )
+            seen.append(cap.scope)
+
+    def scope_for(
+        self,
+        task: str,
+        fn: Callable[..., Any] | None,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+    ) -> str:
+        parts = [(cap.scope_for(task, fn, args, kwargs), cap.max_concurrent) for cap in self.caps]
+        return stacked_scope(parts)
 
 
 def check_scope(scope: object, fn: Callable[..., Any] | None, says: str, hint: str) -> None:
@@ -142,6 +214,40 @@ def scope_of(
     if scope not in bound:
         raise ConfigError(f"task {task!r}: pass {scope!r} by name ({option} scope)")
     return f"{scope}={bound[scope]}"
+
+
+def _new_member() -> str:
+    return "r-" + uuid.uuid4().hex
+
+
+def slot_leases(lease: Lease) -> tuple[Lease, ...]:
+    """What renewing ``lease`` renews: a stacked scope's slot in each of its scopes."""
+    parts = parts_of(lease.key) if lease.slot else None
+    if parts is None:
+        return (lease,)
+    return tuple(dataclasses.replace(lease, key=name) for name, _ in parts)
+
+
+Fold = Callable[[tuple[int, ...] | None], tuple[int, ...] | None]
+
+
+def renew_each(batch: tuple[Lease, ...]) -> tuple[tuple[Lease, ...], Fold]:
+    """A heartbeat batch with each stacked slot lease spread over its scopes, and what folds
+    the store's answers back into one per lease of ``batch`` (held only if every slot is)."""
+    spread = [slot_leases(lease) for lease in batch]
+    if all(len(leases) == 1 for leases in spread):
+        return batch, lambda reply: reply
+
+    def fold(reply: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if reply is None:
+            return None
+        answers, at = [], 0
+        for leases in spread:
+            answers.append(min(reply[at : at + len(leases)]))
+            at += len(leases)
+        return tuple(answers)
+
+    return tuple(lease for leases in spread for lease in leases), fold
 
 
 def _without_slot(held: Lease) -> Lease:
@@ -252,7 +358,7 @@ class ReservationGuard:
             or max_concurrent < 1
         ):
             raise ConfigError(f"max_concurrent must be an int >= 1, not {max_concurrent!r}")
-        return Reserve(scope, member or "r-" + uuid.uuid4().hex, max_concurrent, _ms(ttl, "ttl"))
+        return Reserve(scope, member or _new_member(), max_concurrent, _ms(ttl, "ttl"))
 
     def reserve(
         self,
@@ -264,9 +370,7 @@ class ReservationGuard:
     ) -> Reservation:
         """A slot of ``scope``, or QuotaExceeded when ``max_concurrent`` are in flight.
         ``member``: hold the slot under this id (a job id) instead of a fresh reservation id."""
-        return drive(
-            self._reserve(self._reserve_op(scope, max_concurrent, ttl, member)), self.store
-        )
+        return drive(self.reserve_flow(scope, max_concurrent, ttl, member), self.store)
 
     async def areserve(
         self,
@@ -276,14 +380,45 @@ class ReservationGuard:
         *,
         member: str | None = None,
     ) -> Reservation:
-        op = self._reserve_op(scope, max_concurrent, ttl, member)
-        return await adrive(self._reserve(op), self.store)
+        return await adrive(self.reserve_flow(scope, max_concurrent, ttl, member), self.store)
 
     def reserve_flow(
         self, scope: str, max_concurrent: int, ttl: Seconds, member: str | None = None
     ) -> Flow[Reservation]:
-        """:meth:`reserve` as a flow."""
+        """:meth:`reserve` as a flow. A stacked scope (:class:`CapStack`) takes a slot of each
+        of its scopes, all or none (its parts name their limits; ``max_concurrent`` is not
+        read)."""
+        parts = parts_of(scope)
+        if parts is not None:
+            return self._reserve_all(scope, parts, _ms(ttl, "ttl"), member or _new_member())
         return self._reserve(self._reserve_op(scope, max_concurrent, ttl, member))
+
+    def _reserve_all(
+        self, scope: str, parts: list[tuple[str, int]], ttl_ms: int, member: str
+    ) -> Flow[Reservation]:
+        if not self.enabled:
+            return Reservation(self, scope, member, ttl_ms, held=False)
+        if getattr(self.store, "scopes_together", True):
+            full: int = yield ReserveAll(tuple(parts), member, ttl_ms)
+        else:
+            full = yield from self._one_by_one(parts, member, ttl_ms)
+        if full >= 0:
+            name, limit = parts[full]
+            self._over_cap(Reserve(name, member, limit, ttl_ms), "would_refuse")
+            return Reservation(self, scope, member, ttl_ms, held=False)  # (a dry run)
+        return Reservation(self, scope, member, ttl_ms)
+
+    def _one_by_one(self, parts: list[tuple[str, int]], member: str, ttl_ms: int) -> Flow[int]:
+        """Stacked caps where one script cannot reach every scope: each slot in turn, and
+        those taken given back when one is full (never over a cap; a call refused meanwhile
+        may have seen a slot that was about to be given back)."""
+        for index, (name, limit) in enumerate(parts):
+            reply: ReserveReply = yield Reserve(name, member, limit, ttl_ms)
+            if not reply.granted:
+                for taken, _ in parts[:index]:
+                    yield Unreserve(taken, member)
+                return index
+        return -1
 
     def _reserve(self, op: Reserve) -> Flow[Reservation]:
         if not self.enabled:
@@ -303,7 +438,9 @@ class ReservationGuard:
     def release_flow(self, scope: str, member: str) -> Flow[bool]:
         if not self.enabled:
             return False
-        released: bool = yield Unreserve(scope, member)
+        released = False
+        for name, _ in parts_of(scope) or [(scope, 0)]:
+            released = bool((yield Unreserve(name, member))) or released
         return released
 
     def give_back(self, scope: str, job_id: str) -> None:
@@ -344,13 +481,12 @@ class ReservationGuard:
         if not self.enabled:
             return None
         held = Lease(scope, job_id, _ms(lease, "lease"), slot=True)
-        renewed: tuple[int, ...] = yield Heartbeat((held,))
-        if renewed[0]:
+        renewed: tuple[int, ...] = yield Heartbeat(slot_leases(held))
+        if all(renewed):
             return held
         if max_concurrent is None:
             return _without_slot(held)
-        op = self._reserve_op(scope, max_concurrent, lease, job_id)
-        taken = yield from self._reserve(op)  # or QuotaExceeded
+        taken = yield from self.reserve_flow(scope, max_concurrent, lease, job_id)  # or Quota...
         return held if taken.held else None
 
     def active(self, scope: str) -> list[Slot]:

@@ -143,8 +143,8 @@ def take(
             ttl = limits.ttl_seconds + call.delay  # until it starts, plus an ETA's delay
             try:
                 yield from guard.reserve_flow(scope, limits.max_concurrent, ttl, call.job_id)
-            except QuotaExceeded:
-                dedup.note("reserve", "rejected", logging.INFO, call.task, scope=scope)
+            except QuotaExceeded as full:  # (of a stacked cap: the scope that was full)
+                dedup.note("reserve", "rejected", logging.INFO, call.task, scope=full.scope)
                 raise
             except StoreUnavailable as exc:  # "raise" raises here; "enqueue" goes on without
                 dedup.store_unavailable("reserve", call.task, exc, scope=scope, job=call.job_id)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from celery.local import Proxy
 
-from ..declare import bind_limits, bind_pace, bind_policy, decorator_options, kept
+from ..declare import bind_limits, bind_pace, bind_policy, decorator_options, kept, own, stack_caps
 from ..errors import ConfigError
 from ..pacing import PacePolicy
 from ..policy import PolicyOptions, Seconds, Strategy, TaskPolicy
@@ -48,13 +48,13 @@ def deduplicate(
 
 
 def reserve(
-    max_concurrent: int, scope: str | Callable[..., Any], ttl: Seconds = DEFAULT_TTL
+    max_concurrent: int, scope: str | Callable[..., Any] | None = None, ttl: Seconds = DEFAULT_TTL
 ) -> Callable[[T], T]:
     """Cap a Celery task at ``max_concurrent`` jobs in flight per scope; stack it on
-    ``@app.task`` or ``@shared_task`` (either side) or put it on a Task class. Over the cap,
-    ``apply_async`` raises QuotaExceeded and publishes nothing. ``scope``: an argument name
-    or a callable of the task's arguments; ``ttl``: seconds a slot lives from reservation
-    until the job starts."""
+    ``@app.task`` or ``@shared_task`` (either side), on a Task class, and on another
+    ``@reserve`` (each cap holds at once). Over a cap, ``apply_async`` raises QuotaExceeded
+    and publishes nothing. ``scope``: an argument name, a callable of the task's arguments,
+    or None (the task as a whole); ``ttl``: seconds a slot lives until the job starts."""
     options = {"max_concurrent": max_concurrent, "scope": scope, "ttl": ttl}
     return _decorator("reserve", RESERVE_ATTR, lambda: _valid(ReservePolicy, options))
 
@@ -112,7 +112,9 @@ def task_function(task: Any) -> Callable[..., Any]:
 def _declare(target: Any, attr: str, function_attr: str, options: Any) -> None:
     """Keep a decorator's declaration where every copy of the task finds it, and check it
     now: on a Task class; on the function (below ``@app.task``, or behind a lazy task's
-    proxy, which is not evaluated); else on the task object."""
+    proxy, which is not evaluated); else on the task object. A second ``@reserve`` stacks."""
+    if attr == "reserve":
+        options = stack_caps(options, own(target, attr), own(_function_of(target), function_attr))
     if isinstance(target, type):
         setattr(target, attr, options)
         return

@@ -290,6 +290,17 @@ class Reserve(Op[ReserveReply]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ReserveAll(Op[int]):
+    """Take a slot of every scope of ``parts`` (``(scope, limit)`` each) for ``member`` for
+    ``ttl_ms``, all in one step or none: the index of the first full scope, or -1 when all
+    were taken (a member that already holds a slot of a scope keeps it, renewed)."""
+
+    parts: tuple[tuple[str, int], ...]
+    member: str
+    ttl_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Consume(Op[bool]):
     """Hand a reservation's slot to the published job: the job holds it for ``ttl_ms``.
     Answers whether the reservation was still held (the slot is the job's either way)."""

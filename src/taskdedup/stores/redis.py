@@ -87,15 +87,18 @@ def _answering(keys: list[str] | None = None) -> Iterator[None]:
 
 
 def _key_prefix(key_prefix: str, prefix: str | None) -> str:
-    """``key_prefix``, or the deprecated ``prefix=`` (the setting has always been key_prefix)."""
-    if prefix is None:
-        return key_prefix
-    warnings.warn(
-        "RedisStore(prefix=...) is deprecated: use key_prefix=, as in the key_prefix setting",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return prefix
+    """``key_prefix``, or the deprecated ``prefix=`` (the setting has always been key_prefix),
+    checked: non-empty and free of braces (they would break the Cluster hash tags)."""
+    if prefix is not None:
+        warnings.warn(
+            "RedisStore(prefix=...) is deprecated: use key_prefix=, as in the key_prefix setting",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        key_prefix = prefix
+    if not key_prefix or "{" in key_prefix or "}" in key_prefix:
+        raise ConfigError(f"key_prefix must be non-empty and free of braces, not {key_prefix!r}")
+    return key_prefix
 
 
 class RedisStore(Store):
@@ -122,16 +125,17 @@ class RedisStore(Store):
         history: bool = True,
         prefix: str | None = None,
     ) -> None:
-        prefix = _key_prefix(key_prefix, prefix)
         if client is None and async_client is None and url is None:
             raise ConfigError("RedisStore needs a client, an async_client or a url")
-        if not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigError(f"key_prefix must be non-empty and free of braces, not {prefix!r}")
-        self.prefix = prefix
-        self.url = url
+        self.prefix, self.url = _key_prefix(key_prefix, prefix), url
         self.clients = RedisClients(client, async_client, url, client_options or {})
-        self.calls = ScriptCalls(prefix, history)
+        self.calls = ScriptCalls(self.prefix, history)
         self.sharded = False  # keys of one script call may live apart (a sharding proxy)
+
+    @property
+    def scopes_together(self) -> bool:
+        """One script may reach several scopes (not on a Cluster or behind a sharding proxy)."""
+        return not self.sharded and not isinstance(self.client, redis.cluster.RedisCluster)
 
     @classmethod
     def from_url(

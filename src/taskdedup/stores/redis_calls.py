@@ -39,6 +39,7 @@ from .base import (
     Remember,
     RememberReply,
     Reserve,
+    ReserveAll,
     ReserveReply,
     Retry,
     Slot,
@@ -66,6 +67,7 @@ SCRIPTS = (
     "force_unlock",
     "pace",
     "tick",
+    "reserve_all",
 )
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
 
@@ -138,6 +140,7 @@ class ScriptCalls:
             JobState: self.job_state,
             Remember: self.remember,
             Reserve: self.reserve,
+            ReserveAll: self.reserve_all,
             Consume: self.consume,
             Unreserve: self.unreserve,
             ListSlots: self.list_slots,
@@ -276,6 +279,11 @@ class ScriptCalls:
             [op.member, op.limit, op.ttl_ms, op.scope],
             lambda r: ReserveReply(bool(int(r[0])), int(r[1])),
         )
+
+    def reserve_all(self, op: ReserveAll) -> ScriptCall:
+        keys = [name for scope, _ in op.parts for name in self.scope_names(scope)]
+        args = [op.member, op.ttl_ms, *(v for scope, limit in op.parts for v in (limit, scope))]
+        return self._call("reserve_all", keys, args, int)
 
     def consume(self, op: Consume) -> ScriptCall:
         return self._call(

@@ -13,6 +13,7 @@ from .base import (
     Remember,
     RememberReply,
     Reserve,
+    ReserveAll,
     ReserveReply,
     Slot,
     Unreserve,
@@ -62,6 +63,17 @@ def reserve(op: Reserve, r: Records) -> ReserveReply:
     slots[op.member] = r.now + op.ttl_ms
     keep_slots(r, op.scope, slots)
     return ReserveReply(True, len(slots))
+
+
+def reserve_all(op: ReserveAll, r: Records) -> int:
+    held = [live_slots(r, scope) for scope, _ in op.parts]
+    for index, ((_, limit), slots) in enumerate(zip(op.parts, held, strict=True)):
+        if op.member not in slots and len(slots) >= limit:
+            return index
+    for (scope, _), slots in zip(op.parts, held, strict=True):
+        slots[op.member] = r.now + op.ttl_ms
+        keep_slots(r, scope, slots)
+    return -1
 
 
 def consume(op: Consume, r: Records) -> bool:

@@ -21,7 +21,7 @@ from taskiq.message import TaskiqMessage
 from taskiq_dependencies.dependency import Dependency
 
 from ..decide import envelope
-from ..declare import bind_limits, bind_pace, bind_policy, decorator_options, kept
+from ..declare import bind_limits, bind_pace, bind_policy, decorator_options, kept, own, stack_caps
 from ..errors import ConfigError
 from ..pacing import PacePolicy
 from ..policy import STRATEGIES, Policy, PolicyOptions, Seconds, Strategy, TaskPolicy
@@ -115,12 +115,15 @@ def deduplicate(
 
 
 def reserve(
-    max_concurrent: int, scope: str | Callable[..., Any], ttl: Seconds = DEFAULT_RESERVE_TTL
+    max_concurrent: int,
+    scope: str | Callable[..., Any] | None = None,
+    ttl: Seconds = DEFAULT_RESERVE_TTL,
 ) -> Callable[[T], T]:
     """Cap a taskiq task at ``max_concurrent`` jobs in flight per scope; stack it on
-    ``@broker.task`` (either side). Over the cap ``kiq()`` raises QuotaExceeded and sends
-    nothing. ``scope``: an argument name or a callable of the arguments by name; ``ttl``:
-    seconds a slot lives from reservation until the job starts."""
+    ``@broker.task`` (either side), and on another ``@reserve`` (each cap holds at once). Over
+    a cap ``kiq()`` raises QuotaExceeded and sends nothing. ``scope``: an argument name, a
+    callable of the arguments by name, or None (the task as a whole); ``ttl``: seconds a slot
+    lives from reservation until the job starts."""
     options = {"max_concurrent": max_concurrent, "scope": scope, "ttl": ttl}
     ReservePolicy.from_options(options)  # validate now
     return _keeping(RESERVE_LABEL, RESERVE_ATTR, options, task_limits)
@@ -143,11 +146,14 @@ def _keeping(name: str, attr: str, options: Any, bound: Callable[[Any], Any]) ->
 
     def apply(target: T) -> T:
         if isinstance(target, AsyncTaskiqDecoratedTask):
-            target.labels[name] = options
+            target.labels[name] = stack(target.labels.get(name))
             bound(target)
         else:
-            setattr(target, attr, options)
+            setattr(target, attr, stack(own(target, attr)))
         return target
+
+    def stack(before: Any) -> Any:  # a second @reserve adds its cap
+        return stack_caps(options, before) if name == RESERVE_LABEL else options
 
     return apply
 

@@ -48,6 +48,7 @@ from ..stores.base import (
     Release,
     Remember,
     Reserve,
+    ReserveAll,
     Retry,
     Scan,
     Unreserve,
@@ -1142,3 +1143,42 @@ def test_an_entry_keeps_its_latest_tick_for_its_ttl_only(h: Harness) -> None:
     entry = "short-" + new_key()
     assert h.store.run(MarkTick(entry, 7_000, "J1", 150)) is None
     assert h.after(0.3, lambda: h.store.run(MarkTick(entry, 7_000, "J2", 150)) is None)
+
+
+# ---------------------------------------------------------------- stacked caps
+
+
+def test_stacked_caps_are_taken_all_or_none_and_name_the_full_one(h: Harness) -> None:
+    """A global cap of 3 and a per-tenant cap of 1: a tenant's second job is refused by its
+    tenant's scope (index 1) and takes no global slot; another tenant's is taken; a member
+    holding its slots keeps them; freeing the tenant's slot lets the next one in."""
+    glob, acme, umbrella = (f"{name}-{new_key()}" for name in ("global", "acme", "umbrella"))
+    day = 86_400_000
+    assert h.store.run(ReserveAll(((glob, 3), (acme, 1)), "J1", day)) == -1
+    assert h.store.run(ReserveAll(((glob, 3), (acme, 1)), "J2", day)) == 1
+    assert [s.member for s in h.store.run(ListSlots(glob))] == ["J1"]  # none taken by J2
+    assert h.store.run(ReserveAll(((glob, 3), (umbrella, 1)), "J3", day)) == -1
+    assert h.store.run(ReserveAll(((glob, 3), (acme, 1)), "J1", day)) == -1  # holds: kept
+    h.store.run(Unreserve(acme, "J1"))
+    assert h.store.run(ReserveAll(((glob, 3), (acme, 1)), "J2", day)) == -1
+    assert h.store.run(ReserveAll(((glob, 3), (umbrella, 1)), "J4", day)) == 0  # global full
+    assert len(h.store.run(ListSlots(umbrella))) == 1
+
+
+def test_thirty_concurrent_stacked_reservations_never_pass_either_cap(h: Harness) -> None:
+    """Thirty members over four tenants at the same instant: at most 8 get in, at most 2 per
+    tenant, and each refusal names a scope that is full."""
+    glob = "global-" + new_key()
+    tenants = [f"tenant{i}-{new_key()}" for i in range(4)]
+
+    def take(i: int) -> int:
+        parts = ((glob, 8), (tenants[i % 4], 2))
+        return h.store.run(ReserveAll(parts, f"J{i}", 60_000))
+
+    replies = race(30, take)
+    granted = [i for i, reply in enumerate(replies) if reply == -1]
+    assert len(granted) <= 8 and len(h.store.run(ListSlots(glob))) == len(granted)
+    for t, tenant in enumerate(tenants):
+        held = {s.member for s in h.store.run(ListSlots(tenant))}
+        assert held == {f"J{i}" for i in granted if i % 4 == t} and len(held) <= 2
+    assert len(granted) == 8  # four tenants of two: every slot was used

@@ -585,9 +585,23 @@ def _primitives(store: str, n: int, rounds: int) -> list[dict[str, Any]]:
         with guard.reserve(scope, max_concurrent=5, ttl=60):
             pass  # not consumed: the slot is given back as the block ends
 
-    found: dict[str, list[Work]] = {"paced submission": [], "reservation, given back": []}
+    try:
+        from taskdedup.reservations import stacked_scope
+    except ImportError:  # (no stacked caps yet)
+        stacked_scope = None  # type: ignore[assignment]
+
+    def stacked(i: int) -> None:  # a global cap and a per-tenant one, taken together
+        assert stacked_scope is not None
+        scope = stacked_scope([("global", 10_000), (f"tenant-{i % 10}", 5)])
+        with guard.reserve(scope, max_concurrent=5, ttl=60):
+            pass
+
+    steps = [("paced submission", paced), ("reservation, given back", reserved)]
+    if stacked_scope is not None:
+        steps.append(("stacked reservation (2 scopes), given back", stacked))
+    found: dict[str, list[Work]] = {op: [] for op, _ in steps}
     for _ in range(rounds):
-        for op, step in (("paced submission", paced), ("reservation, given back", reserved)):
+        for op, step in steps:
             before = settle(admin, QUIET_SYNC)
             for i in range(n):
                 step(i)

@@ -1182,3 +1182,27 @@ def test_thirty_concurrent_stacked_reservations_never_pass_either_cap(h: Harness
         held = {s.member for s in h.store.run(ListSlots(tenant))}
         assert held == {f"J{i}" for i in granted if i % 4 == t} and len(held) <= 2
     assert len(granted) == 8  # four tenants of two: every slot was used
+
+
+# ---------------------------------------------------------------- overlap of a scheduler's tick
+
+
+def test_a_skipped_tick_owes_no_run_and_a_buffered_one_owes_exactly_one(h: Harness) -> None:
+    """overlap on a lock whose duplicates owe a run: a tick counted while the run holds the
+    key ("buffer_one") owes the one run after it, with the latest tick's arguments, however
+    many ticks came; a tick not counted ("skip") owes none."""
+    skipped, buffered = new_key(), new_key()
+    for k in (skipped, buffered):
+        h.store.run(acquire(k, "A"))
+        h.store.run(claim(k, "A"))
+    for n in range(3):
+        h.store.run(acquire(skipped, f"T{n}", record_duplicate=False))
+        h.store.run(acquire(buffered, f"T{n}", payload=f"tick-{n}"))
+    finish = {"throttle": False, "memory_ms": HOUR, "ttl_ms": HOUR, "grace_ms": HOUR}
+    done = h.store.run(Finish(skipped, "A", handoff_job_id="N", **finish))  # type: ignore[arg-type]
+    assert done.released and done.handoff is None and h.store.run(Inspect(skipped)) is None
+    done = h.store.run(Finish(buffered, "A", handoff_job_id="N", **finish))  # type: ignore[arg-type]
+    assert done.handoff is not None and (done.handoff.job_id, done.handoff.payload) == (
+        "N",
+        "tick-2",
+    )

@@ -53,8 +53,8 @@ CLASSES_ABOVE: dict[str, int] = {}
 #: beat's apply_async/is_due/reserve (an interval entry kept to the grid, a crontab's due
 #: time, an entry's overlap option) +51, taskiq's on_ready and ScheduledTask's cron/interval/
 #: time +35. Stacked caps: a second ``@reserve`` adds its cap (declare.stack_caps) +2, +5.
-ADAPTERS_ABOVE = {"taskdedup.celery": 1766, "taskdedup.taskiq": 1225}
-ADAPTER_TARGETS = {"taskdedup.celery": 1766, "taskdedup.taskiq": 1225}
+ADAPTERS_ABOVE = {"taskdedup.celery": 1763, "taskdedup.taskiq": 1225}
+ADAPTER_TARGETS = {"taskdedup.celery": 1763, "taskdedup.taskiq": 1225}
 
 
 def modules() -> dict[str, Path]:

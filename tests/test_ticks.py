@@ -111,6 +111,48 @@ def test_an_entry_asking_buffer_one_of_a_task_that_owes_no_run_is_refused_naming
         beat_send(app, digest, app.now() - timedelta(seconds=70), overlap="sometimes")
 
 
+def test_an_entry_overlap_for_a_task_without_a_policy_is_refused_naming_both(
+    redis_url: str, key_prefix: str
+) -> None:
+    app = make_app(redis_url, key_prefix)
+    install(app)
+
+    @app.task(shared=False, name=f"{key_prefix}.cleanup")
+    def cleanup() -> None: ...
+
+    with pytest.raises(Exception, match=r"cleanup'.*'minutely' names overlap='skip'.*no dedup"):
+        beat_send(app, cleanup, app.now() - timedelta(seconds=70), overlap="skip")
+
+
+def test_a_tick_whose_publish_failed_goes_out_from_the_other_beat(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Beat A's broker is unreachable: its publish of the tick fails (beat logs it), and the
+    tick is forgotten, so beat B's send of the same tick is published, not answered with a job
+    that never went out."""
+    down = make_app(redis_url, key_prefix, taskdedup_url=redis_url)
+    down.conf.broker_url = "redis://127.0.0.1:1/0"
+    down.conf.broker_connection_retry = False
+    down.conf.broker_connection_max_retries = 0
+    down.conf.broker_transport_options = {"max_retries": 0}
+    up = make_app(redis_url, key_prefix, taskdedup_url=redis_url)
+    jobs = []
+    for app in (down, up):
+        install(app)
+
+        @deduplicate("until_executed")
+        @app.task(shared=False, name=f"{key_prefix}.hourly")
+        def hourly() -> None: ...
+
+        jobs.append(hourly)
+    last = up.now() - timedelta(seconds=70)
+    with pytest.raises(Exception):  # noqa: B017 (kombu's OperationalError, wrapped by beat)
+        beat_send(down, jobs[0], last)
+    sent = beat_send(up, jobs[1], last)
+    assert not sent.deduplicated
+    assert beat_send(up, jobs[1], last).id == sent.id  # and once only
+
+
 @pytest.mark.parametrize(
     ("options", "says"),
     [

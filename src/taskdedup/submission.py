@@ -34,7 +34,7 @@ from .recent import RecentKeys
 from .reservations import ReservationGuard, ReservePolicy
 from .settings import Settings
 from .stores.base import Acquire, AcquireReply, PushesWithLock
-from .ticks import Tick, once_per_tick, tick_overlap, tick_policy
+from .ticks import Tick, mark_key, once_per_tick, tick_overlap, tick_policy, unmark_flow
 
 log = logging.getLogger("taskdedup")
 
@@ -86,6 +86,7 @@ class Taken:
     #: @pace: seconds from now the job may start, when later than the call's own delay (the
     #: adapter publishes it with that countdown); None: as the call asked
     start_in: float | None = None
+    tick: str | None = None  # the entry whose tick this job took (forgotten if not published)
 
 
 def submit(
@@ -116,10 +117,13 @@ def take(
     taken = Taken("publish", call.job_id)
     if call.tick is not None and call.policy is not None:
         tick_overlap(call.policy, call.tick)  # (a bad entry takes no tick)
-    if call.tick is not None and once_per_tick(dedup.settings, call.policy is not None):
+    if once_per_tick(dedup.settings, call.tick, call.policy, call.task):
+        assert call.tick is not None
         sent = yield from dedup.ticks.claim_flow(call.task, call.tick, call.job_id)
         if sent is not None:  # this tick (or a later one) is out already
             return Taken("duplicate", sent)
+        if call.tick.slot_ms is not None:
+            taken.tick = mark_key(call.task, call.tick)
     call_print = ""
     if call.idempotency_key is not None:
         call_print = fingerprint(call.task, call.fn, call.args, call.kwargs)
@@ -348,6 +352,8 @@ def give_back(
         yield from keys.publish_failed_flow(taken.recall)
     if taken.scope is not None:
         yield from guard.give_back_flow(taken.scope, taken.job_id)
+    if taken.tick is not None:
+        yield from unmark_flow(taken.tick, taken.job_id)
 
 
 # ---------------------------------------------------------------- the lock taken in the push

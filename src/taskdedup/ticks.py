@@ -35,13 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, StoreUnavailable
 from .policy import Overlap, TaskPolicy, check_overlap
-from .stores.base import MarkTick, ms
+from .stores.base import MarkTick, UnmarkTick, ms
 
 if TYPE_CHECKING:
     from .decide import Notes, Ticket
     from .flow import Flow
     from .settings import Settings
 
+log = logging.getLogger("taskdedup")
 #: Entries remembered as skipping; past it the memory starts over.
 MAX_ENTRIES = 10_000
 #: How long an entry's latest slot is kept at least (a late scheduler's send of a slot older
@@ -125,10 +126,22 @@ def wrap_once(owner: Any, method: str, wrap: Callable[[Any], Any]) -> None:
         setattr(owner, method, wrapped)
 
 
-def once_per_tick(settings: Settings, deduplicated: bool) -> bool:
-    """Whether a scheduler's sends of a task's entries are sent once per tick."""
+def once_per_tick(
+    settings: Settings, tick: Tick | None, policy: TaskPolicy | None, task: str
+) -> bool:
+    """Whether a send is a scheduler's ``tick`` that is sent once per tick (False: not a
+    scheduler's send, or not once per tick). An entry that names an overlap for a task
+    without a dedup policy is a ConfigError naming both (there is no lock to overlap)."""
+    if tick is None:
+        return False
+    if tick.overlap is not None and policy is None:
+        raise ConfigError(
+            f"task {task!r}: schedule entry {tick.entry!r} names overlap={tick.overlap!r}, "
+            "but the task has no dedup policy, so no run holds a lock to overlap; declare "
+            'one on the task (@deduplicate("until_executed", ...)) or drop the option'
+        )
     mode = settings.once_per_tick
-    return mode == "all" or (mode == "deduplicated" and deduplicated)
+    return mode == "all" or (mode == "deduplicated" and policy is not None)
 
 
 def tick_overlap(tp: TaskPolicy, tick: Tick) -> Overlap:
@@ -159,6 +172,20 @@ def tick_policy(tp: TaskPolicy, tick: Tick, key: str) -> tuple[TaskPolicy, str, 
     return tp, key, overlap == "buffer_one" or not tp.policy.owes_runs
 
 
+def mark_key(task: str, tick: Tick) -> str:
+    """The store's name for the entry whose latest tick is kept."""
+    return f"{task}\0{tick.same_as or tick.entry}"
+
+
+def unmark_flow(entry: str, job_id: str) -> Flow[None]:
+    """``job_id``'s publish failed: its tick is forgotten (if still its), so another
+    scheduler's send of it goes out; a store that cannot answer leaves it (logged)."""
+    try:
+        yield UnmarkTick(entry, job_id)
+    except StoreUnavailable as exc:
+        log.warning("taskdedup: could not forget the tick of %s: %s", job_id, exc)
+
+
 class ScheduledTicks:
     """Which slot of an entry was sent, and which entries are being skipped (each is logged
     once while it stays so)."""
@@ -177,7 +204,7 @@ class ScheduledTicks:
             return None
         keep = max(KEEP_SLOT, 3 * (tick.period or 0.0))
         try:
-            mark = MarkTick(f"{task}\0{tick.same_as or tick.entry}", tick.slot_ms, job_id, ms(keep))
+            mark = MarkTick(mark_key(task, tick), tick.slot_ms, job_id, ms(keep))
             sent: str | None = yield mark
         except StoreUnavailable as exc:
             entry = tick.entry

@@ -40,11 +40,8 @@ def _on_grid(scheduler: Any, entry: Any) -> float | None:
     task = scheduler.app.tasks.get(entry.task)
     if period is None or integ is None or task is None:
         return None
-    return (
-        period
-        if once_per_tick(integ.settings, task_policy(task, integ.settings) is not None)
-        else None
-    )
+    policy = task_policy(task, integ.settings)
+    return period if once_per_tick(integ.settings, Tick(entry.name), policy, task.name) else None
 
 
 def tick_of(entry: Any) -> Tick:

@@ -71,7 +71,7 @@ class Publisher:
         tick = sent_now()
         if tick is not None:
             options.pop(OVERLAP_OPTION, None)  # (read from the entry, never sent)
-        ticked = tick is not None and once_per_tick(integ.settings, policy is not None)
+        ticked = once_per_tick(integ.settings, tick, policy, name)
         if not (policy or limits or pace or idempotency[0] is not None or ticked):
             return self.original(name, args, kwargs, **options)
         if task is not None:

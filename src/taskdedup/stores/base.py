@@ -352,6 +352,15 @@ class MarkTick(Op["str | None"]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class UnmarkTick(Op[bool]):
+    """The publish of ``job_id``'s tick failed: forget the entry's latest tick if it is still
+    that job's, so another scheduler's send of the tick goes out. Answers whether it was."""
+
+    entry: str
+    job_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ListScopes(Op[list[str]]):
     """The scopes with live slots (for the tools), at most ``limit``."""
 

@@ -38,6 +38,7 @@ from .base import (
     Retry,
     Scan,
     Store,
+    UnmarkTick,
     Unreserve,
 )
 from .records import Records
@@ -67,6 +68,7 @@ TRANSITIONS: dict[type[Any], Callable[[Any, Records], Any]] = {
     ListScopes: slots.list_scopes,
     Pace: slots.pace,
     MarkTick: slots.mark_tick,
+    UnmarkTick: slots.unmark_tick,
 }
 
 

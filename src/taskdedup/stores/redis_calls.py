@@ -43,6 +43,7 @@ from .base import (
     ReserveReply,
     Retry,
     Slot,
+    UnmarkTick,
     Unreserve,
     scope_key,
 )
@@ -67,6 +68,7 @@ SCRIPTS = (
     "force_unlock",
     "pace",
     "tick",
+    "untick",
     "reserve_all",
 )
 _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"}
@@ -147,6 +149,7 @@ class ScriptCalls:
             ForceUnlock: self.force_unlock,
             Pace: self.pace,
             MarkTick: self.mark_tick,
+            UnmarkTick: self.unmark_tick,
         }
 
     def _call(
@@ -271,6 +274,10 @@ class ScriptCalls:
             [op.slot_ms, op.job_id, op.ttl_ms],
             lambda r: None if r is None else as_text(r),
         )
+
+    def unmark_tick(self, op: UnmarkTick) -> ScriptCall:
+        keys = self.names(scope_key(op.entry, "tick"), "tick")
+        return self._call("untick", keys, [op.job_id], lambda r: bool(int(r)))
 
     def reserve(self, op: Reserve) -> ScriptCall:
         return self._call(

@@ -16,6 +16,7 @@ from .base import (
     ReserveAll,
     ReserveReply,
     Slot,
+    UnmarkTick,
     Unreserve,
     scope_key,
 )
@@ -139,3 +140,12 @@ def mark_tick(op: MarkTick, r: Records) -> str | None:
         return str(rec["j"])
     r.put(name, {"s": op.slot_ms, "j": op.job_id}, r.now + op.ttl_ms)
     return None
+
+
+def unmark_tick(op: UnmarkTick, r: Records) -> bool:
+    name = r.name(scope_key(op.entry, "tick"), "tick")
+    rec = r.get(name)
+    if rec is None or rec["j"] != op.job_id:
+        return False
+    r.delete(name)
+    return True

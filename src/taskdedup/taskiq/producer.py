@@ -146,7 +146,7 @@ class Producer:
         policy, limits = self.mw.policies.for_message(task, message), task_limits(task)
         idempotency_key, pace = label(message, IDEMPOTENCY_KEY_LABEL), task_pace(task)
         tick = sent_now(message.labels.get("schedule_id"))
-        ticked = tick is not None and once_per_tick(self.mw.settings, policy is not None)
+        ticked = once_per_tick(self.mw.settings, tick, policy, message.task_name)
         if not (policy or limits or pace or idempotency_key is not None or ticked):
             return None
         retries = int(label(message, RETRIES_LABEL) or 0)

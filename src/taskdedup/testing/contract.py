@@ -51,6 +51,7 @@ from ..stores.base import (
     ReserveAll,
     Retry,
     Scan,
+    UnmarkTick,
     Unreserve,
 )
 from .harness import Harness, race
@@ -1136,6 +1137,15 @@ def test_twenty_schedulers_sending_one_tick_at_once_send_it_once(h: Harness) -> 
     winners = [f"J{i}" for i, reply in enumerate(replies) if reply is None]
     assert len(winners) == 1, replies
     assert {reply for reply in replies if reply is not None} == set(winners)
+
+
+def test_a_tick_whose_publish_failed_is_forgotten_only_by_its_own_job(h: Harness) -> None:
+    entry, day = "failing-" + new_key(), 86_400_000
+    assert h.store.run(MarkTick(entry, 3_000, "J1", day)) is None
+    assert h.store.run(UnmarkTick(entry, "J2")) is False  # not its tick: kept
+    assert h.store.run(MarkTick(entry, 3_000, "J2", day)) == "J1"
+    assert h.store.run(UnmarkTick(entry, "J1")) is True
+    assert h.store.run(MarkTick(entry, 3_000, "J3", day)) is None  # sent by another
 
 
 def test_an_entry_keeps_its_latest_tick_for_its_ttl_only(h: Harness) -> None:

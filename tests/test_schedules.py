@@ -28,6 +28,7 @@ import pytest
 import redis
 
 from harness import wait_for
+from test_celery_prefork import CELERY_WORKER as PREFORK_WORKER
 from test_celery_prefork import celery_ready
 from test_taskiq_workers import children_ready
 from worker_process import WorkerProcess
@@ -37,21 +38,9 @@ RUN_FOR, KILL_AT, RESTART_AFTER = 60.0, 25.0, 3.0
 #: The overrunning bodies' length (tests/celery_worker_app.py, tests/taskiq_worker_app.py).
 OVERRUN = 2.2
 
-CELERY_WORKER = [
-    "celery",
-    "-A",
-    "celery_worker_app",
-    "worker",
-    "--pool",
-    "prefork",
-    "--concurrency",
-    "4",
-    "--loglevel",
-    "INFO",
-    "--without-gossip",
-    "--without-mingle",
-    "--without-heartbeat",
-]
+#: The prefork worker of tests/test_celery_prefork.py, with room for the three entries' runs.
+CELERY_WORKER = [*PREFORK_WORKER]
+CELERY_WORKER[CELERY_WORKER.index("--concurrency") + 1] = "4"
 
 
 def celery_beat(schedule: Path) -> list[str]:

@@ -137,8 +137,10 @@ def once_per_tick(
     if tick.overlap is not None and policy is None:
         raise ConfigError(
             f"task {task!r}: schedule entry {tick.entry!r} names overlap={tick.overlap!r}, "
-            "but the task has no dedup policy, so no run holds a lock to overlap; declare "
-            'one on the task (@deduplicate("until_executed", ...)) or drop the option'
+            "but the task has no dedup policy here (none is declared, or this scheduler's "
+            "process does not import the task's module), so no run holds a lock to overlap; "
+            'declare one on the task (@deduplicate("until_executed", ...)) and import it '
+            "where the scheduler runs, or drop the option"
         )
     mode = settings.once_per_tick
     return mode == "all" or (mode == "deduplicated" and policy is not None)

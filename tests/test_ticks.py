@@ -207,3 +207,61 @@ def test_two_taskiq_schedulers_with_label_schedules_send_a_tick_once() -> None:
 
     run(started(broker, body))
     assert ran == ["core", "core"], ran
+
+
+def test_a_taskiq_schedule_label_allows_overlap_for_its_entry() -> None:
+    """``labels={"deduplicate_overlap": "allow"}`` on a schedule: each of its ticks runs under
+    a key of its own while the task's own policy would skip them."""
+    broker, _ = make_broker()
+    started_runs: list[str] = []
+    release = asyncio.Event()
+
+    @broker.task(deduplicate="until_executed")
+    async def sync_ledger(team: str) -> None:
+        started_runs.append(team)
+        await release.wait()
+
+    scheduler = TaskiqScheduler(broker, [])
+    due = datetime.now(timezone.utc).replace(microsecond=0)
+
+    def entry(at: datetime, **labels: Any) -> ScheduledTask:
+        return ScheduledTask(
+            task_name=sync_ledger.task_name, labels=labels, args=["core"], kwargs={}, time=at
+        )
+
+    async def body() -> None:
+        fire = scheduler.on_ready
+        await fire(NoSchedules(), entry(due))  # type: ignore[arg-type]  # holds the task's key
+        for n in (1, 2):  # allowed: each beside it, under a key of its own
+            at = due + timedelta(seconds=n)
+            await fire(NoSchedules(), entry(at, deduplicate_overlap="allow"))  # type: ignore[arg-type]
+        await fire(NoSchedules(), entry(due + timedelta(seconds=3)))  # type: ignore[arg-type]
+        for _ in range(100):
+            if len(started_runs) >= 3:
+                break
+            await asyncio.sleep(0.02)
+        release.set()
+
+    run(started(broker, body))
+    assert started_runs == ["core", "core", "core"], started_runs  # the 4th was skipped
+
+
+def test_stacked_caps_as_a_celery_task_option(redis_url: str, key_prefix: str) -> None:
+    from taskdedup import QuotaExceeded
+
+    app = make_app(redis_url, key_prefix)
+    install(app)
+
+    @app.task(
+        shared=False,
+        name=f"{key_prefix}.mail",
+        reserve=[{"max_concurrent": 2}, {"max_concurrent": 1, "scope": "user"}],
+    )
+    def mail(user: str) -> None: ...
+
+    mail.delay("ann")
+    with pytest.raises(QuotaExceeded, match="scope user=ann"):
+        mail.delay("ann")
+    mail.delay("bob")
+    with pytest.raises(QuotaExceeded, match=f"scope {mail.name}"):
+        mail.delay("cid")

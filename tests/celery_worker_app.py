@@ -252,12 +252,16 @@ def superseding_late_job(name: str, n: int, seconds: float = 0.0) -> int:
 
 
 @pace("10/s")
-@app.task(name="sub.paced_job", shared=False)
-def paced_job(n: int) -> int:
-    """Notes when it started (issue 27: one every 100 ms, whoever submitted it)."""
+@app.task(name="sub.paced_job", bind=True, shared=False)
+def paced_job(self: object, n: int) -> int:
+    """Notes when it started, and the start it was given (its ETA; None for a job sent with no
+    countdown) (issue 27: one every 100 ms, whoever submitted it)."""
     import json
+    from datetime import datetime
 
-    marks.rpush(f"{PREFIX}:mark:paced", json.dumps([n, time.time()]))
+    eta = self.request.eta  # type: ignore[attr-defined]
+    given = None if eta is None else datetime.fromisoformat(str(eta)).timestamp()
+    marks.rpush(f"{PREFIX}:mark:paced", json.dumps([n, time.time(), given]))
     marks.expire(f"{PREFIX}:mark:paced", 600)
     return n
 

@@ -258,11 +258,14 @@ def exporting_sync(name: str, version: int) -> int:
 
 @pace("10/s")
 @broker.task(task_name="sub.paced")
-async def paced(n: int) -> int:
-    """Notes when it started (issue 27: one every 100 ms, whoever kicked it)."""
+async def paced(n: int, context: Context = CONTEXT) -> int:
+    """Notes when it started, and the start it was given (the taskdedup_start_at label; None
+    for a job sent to start at once) (issue 27: one every 100 ms, whoever kicked it)."""
     import json
 
-    marks.rpush(f"{PREFIX}:mark:paced", json.dumps([n, time.time()]))
+    given = context.message.labels.get("taskdedup_start_at")
+    at = None if given is None else float(given)
+    marks.rpush(f"{PREFIX}:mark:paced", json.dumps([n, time.time(), at]))
     marks.expire(f"{PREFIX}:mark:paced", 600)
     return n
 

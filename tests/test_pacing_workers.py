@@ -58,13 +58,21 @@ def check_paced_runs(redis_url: str, key_prefix: str) -> None:
     jobs in its order."""
     client = redis.Redis.from_url(redis_url)
 
-    def starts() -> list[tuple[int, float]]:
+    def starts() -> list[tuple[int, float, float | None]]:
         raw = client.lrange(f"{key_prefix}:mark:paced", 0, -1)
         return [tuple(json.loads(item)) for item in raw]  # type: ignore[misc]
 
     wait_for(lambda: len(starts()) >= 100, 10 + 20, "all 100 paced jobs to run")
-    ran = starts()
+    ran = [(n, at) for n, at, _ in starts()]
     assert sorted(n for n, _ in ran) == [*range(50), *range(100, 150)]  # none dropped, once
+    # the starts the jobs were given (a countdown's ETA, or the label the taskiq worker holds a
+    # delivery until): 100 ms apart, the first of the burst sent to start at once, and no body
+    # started before its start
+    given = sorted(due for _, _, due in starts() if due is not None)
+    assert len(given) >= 99, len(given)
+    given_gaps = [b - a for a, b in itertools.pairwise(given)]
+    assert min(given_gaps) >= 0.09, [round(g, 3) for g in given_gaps if g < 0.09]
+    assert all(at >= due - 0.02 for _, at, due in starts() if due is not None)
     times = sorted(at for _, at in ran)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     # the starts given are exactly 100 ms apart (the store's contract cases and

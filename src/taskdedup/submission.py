@@ -34,7 +34,7 @@ from .recent import RecentKeys
 from .reservations import ReservationGuard, ReservePolicy
 from .settings import Settings
 from .stores.base import Acquire, AcquireReply, PushesWithLock
-from .ticks import Tick, mark_key, once_per_tick, tick_overlap, tick_policy, unmark_flow
+from .ticks import Tick, mark_key, once_per_tick, tick_key, tick_overlap, unmark_flow
 
 log = logging.getLogger("taskdedup")
 
@@ -86,7 +86,8 @@ class Taken:
     #: @pace: seconds from now the job may start, when later than the call's own delay (the
     #: adapter publishes it with that countdown); None: as the call asked
     start_in: float | None = None
-    tick: str | None = None  # the entry whose tick this job took (forgotten if not published)
+    #: the store's name of the entry whose tick this job took (forgotten if not published)
+    tick_mark: str | None = None
 
 
 def submit(
@@ -119,11 +120,12 @@ def take(
         tick_overlap(call.policy, call.tick)  # (a bad entry takes no tick)
     if once_per_tick(dedup.settings, call.tick, call.policy, call.task):
         assert call.tick is not None
-        sent = yield from dedup.ticks.claim_flow(call.task, call.tick, call.job_id)
+        mark = mark_key(call.task, call.tick)
+        sent = yield from dedup.ticks.claim_flow(mark, call.task, call.tick, call.job_id)
         if sent is not None:  # this tick (or a later one) is out already
             return Taken("duplicate", sent)
         if call.tick.slot_ms is not None:
-            taken.tick = mark_key(call.task, call.tick)
+            taken.tick_mark = mark
     call_print = ""
     if call.idempotency_key is not None:
         call_print = fingerprint(call.task, call.fn, call.args, call.kwargs)
@@ -225,7 +227,7 @@ def plan_call(dedup: Deduplicator, policy: TaskPolicy, call: Call) -> Ticket | S
     key, counted = call.key, True
     if call.tick is not None:
         key = key_of(policy, key, call.args, call.kwargs, call.queue)
-        policy, key, counted = tick_policy(policy, call.tick, key)
+        key, counted = tick_key(policy, call.tick, key)
     dump = call.dump
     payload = dump() if dump is not None and policy.keeps_arguments and counted else None
     return dedup.plan_enqueue(
@@ -352,8 +354,8 @@ def give_back(
         yield from keys.publish_failed_flow(taken.recall)
     if taken.scope is not None:
         yield from guard.give_back_flow(taken.scope, taken.job_id)
-    if taken.tick is not None:
-        yield from unmark_flow(taken.tick, taken.job_id)
+    if taken.tick_mark is not None:
+        yield from unmark_flow(taken.tick_mark, taken.job_id)
 
 
 # ---------------------------------------------------------------- the lock taken in the push

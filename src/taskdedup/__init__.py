@@ -30,7 +30,9 @@ from .settings import Settings
 from .stores import MemoryStore, Store
 
 if TYPE_CHECKING:
+    from .stores.postgres import PostgresStore
     from .stores.redis import RedisStore
+    from .stores.sqlite import SqliteStore
 
 __all__ = [
     "Admission",
@@ -52,6 +54,7 @@ __all__ = [
     "Pacer",
     "PayloadTooLarge",
     "Policy",
+    "PostgresStore",
     "QuotaExceeded",
     "Recall",
     "RedisStore",
@@ -59,6 +62,7 @@ __all__ = [
     "ReservationGuard",
     "ReservePolicy",
     "Settings",
+    "SqliteStore",
     "Store",
     "StoreUnavailable",
     "Superseded",
@@ -72,10 +76,11 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """``RedisStore`` is imported on first use: ``import taskdedup`` does not load redis-py
-    (about 170 ms) for a user of the memory store or of the core alone."""
-    if name == "RedisStore":
-        from .stores.redis import RedisStore
+    """``RedisStore``, ``PostgresStore`` and ``SqliteStore`` are imported on first use:
+    ``import taskdedup`` does not load redis-py (about 170 ms) or psycopg for a user of the
+    memory store or of the core alone."""
+    if name in ("RedisStore", "PostgresStore", "SqliteStore"):
+        from . import stores
 
-        return RedisStore
+        return getattr(stores, name)
     raise AttributeError(f"module 'taskdedup' has no attribute {name!r}")

@@ -108,6 +108,48 @@ class RedisHarness(Harness):
         self.client.close()
 
 
+class SqliteHarness(MemoryHarness):
+    """The contract on :class:`~taskdedup.stores.sqlite.SqliteStore`, in a file of
+    ``folder`` (``:memory:`` by default), on a fake clock."""
+
+    name = "sqlite"
+
+    def __init__(self, prefix: str, path: str = ":memory:") -> None:
+        from ..stores.sqlite import SqliteStore
+
+        self.clock = FakeClock()
+        self.store = self.sqlite = SqliteStore(path, key_prefix=prefix, clock=self.clock)
+
+    def record_ttls(self) -> dict[str, int | None]:
+        return dict(self.sqlite.ttls())
+
+
+class PostgresHarness(RedisHarness):
+    """The contract on :class:`~taskdedup.stores.postgres.PostgresStore`: the database's
+    clock is real, so time passes as on Redis (polled with a deadline). :meth:`close` drops
+    the prefix's tables."""
+
+    name = "postgres"
+
+    def __init__(self, url: str, prefix: str) -> None:
+        from ..stores.postgres import PostgresStore
+
+        self.store = self.postgres = PostgresStore(url, key_prefix=prefix)
+        self.prefix = prefix
+
+    def record_ttls(self) -> dict[str, int | None]:
+        with self.postgres._pool().connection() as conn:
+            rows = conn.execute(
+                f"SELECT tag, part, expires_at - (extract(epoch FROM clock_timestamp()) * 1000)"
+                f"::bigint FROM {self.postgres.table}"
+            ).fetchall()
+        return {f"{self.prefix}:{{{t}}}:{p}": left for t, p, left in rows if left > 0}
+
+    def close(self) -> None:
+        self.postgres.drop_tables()
+        self.postgres.close()
+
+
 def assert_records_expire(harness: Harness) -> None:
     """G9, checked after a scenario: it wrote something, and every record it wrote expires."""
     ttls = harness.record_ttls()

@@ -1,0 +1,356 @@
+"""PostgresStore: the store protocol on PostgreSQL (psycopg 3, sync and asyncio, pooled).
+
+Each operation is one transaction of two round trips, sent in psycopg's pipeline mode:
+
+1. take the operation's keys' transaction-scoped advisory locks (sorted, so two transactions
+   never wait on each other in a circle), read the database clock, then read the keys' rows;
+2. write back what the shared transition changed, maybe purge a batch of expired rows, commit.
+
+The database decides every race: a key's transactions queue on its advisory lock, and the
+rows are written with ``INSERT … ON CONFLICT``. Nothing lives in the session (no ``SET``, no
+session locks, no prepared statements unless ``prepare=True``), so the store works behind
+PgBouncer in transaction pooling. The clock is the database's (``clock_timestamp()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import psycopg.errors
+import psycopg_pool
+
+from ..errors import ConfigError, StoreUnavailable
+from .base import Op, R, Store
+from .record_store import TRANSITIONS
+from .postgres_schema import functions, postgres_schema
+from .sql import PURGE_BATCH, SCHEMA_VERSION, Miss, Row, Rows, tables, wanted
+
+#: Errors that mean "the database cannot answer now" (G5), not a bug in a request.
+_UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, OSError)
+#: Errors after which the same transaction, run again, may well succeed.
+_AGAIN = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+#: One write transaction in this many also purges a batch of expired rows.
+PURGE_EVERY = 64
+
+
+class _Call:
+    """One operation's transaction: the statements of both round trips, and its answer."""
+
+    def __init__(self, store: PostgresStore, op: Op[Any], extra: list[tuple[str, str]]) -> None:
+        self.store, self.op = store, op
+        plan = wanted(op)
+        self.everything = plan is None
+        tags, jobs = plan or ([], [])
+        self.tags = sorted({*tags, *(t for t, _ in extra)})
+        self.jobs = {*jobs, *extra}
+        self.answer: Any = None
+
+    def opening(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """Round trip 1: begin (on an autocommit connection: psycopg's own BEGIN would cost a
+        round trip of its own), then lock the keys, read the clock and the rows."""
+        s = self.store
+        if self.everything:
+            return [("BEGIN", ()), (s.sql_all, ())]
+        jobs = sorted(self.jobs)
+        jtags, jparts = [t for t, _ in jobs], [p for _, p in jobs]
+        args = (s.class_id, self.tags, jtags, jparts, str(s.timeout_ms), s.synchronous_commit)
+        return [("BEGIN", ()), (s.sql_open, args)]
+
+    def _load(self, tag: str, part: str) -> Row | None:
+        if (tag, part) in self.jobs or (tag in self.tags and not part.startswith("job:")):
+            return None  # read in round trip 1, and not there
+        raise Miss(tag, part)
+
+    def closing(self, read: list[Row]) -> list[tuple[str, tuple[Any, ...]]]:
+        """Run the transition on what round trip 1 read (the clock first, then the rows);
+        round trip 2: the writes (the commit follows them)."""
+        s = self.store
+        now_us, rows = int(read[0][3]), read[1:]
+        records = Rows(s.prefix, now_us, rows, self._load, everything=self.everything)
+        records.history, records.issued = s.history, s.issued
+        self.answer = TRANSITIONS[type(self.op)](self.op, records)
+        s.issued = records.issued
+        writes, deletes = records.changes()
+        if self.everything:
+            return []  # the tools' scans write nothing (expired rows are the purge's)
+        if not writes and not deletes:
+            return []
+        purge = PURGE_BATCH if s.purge_due() else 0
+        wt, wp, wb, we = (list(column) for column in zip(*writes)) if writes else ([],) * 4
+        dt, dp = [t for t, _ in deletes], [p for _, p in deletes]
+        return [(s.sql_save, (wt, wp, wb, we, dt, dp, now_us // 1000, purge))]
+
+
+class PostgresStore(Store):
+    """A store on a PostgreSQL database: ``conninfo`` is a libpq URL or DSN.
+
+    ``key_prefix`` names the tables (``taskdedup_records``, ``taskdedup_schema``);
+    ``migrate`` (default True) creates or upgrades them on first use, as ``taskdedup migrate``
+    does (False: a missing or older schema is an error naming that command). ``pool_size``
+    caps each process's connections; ``timeout`` (seconds) bounds the wait for a connection and
+    each statement, after which the store counts as unavailable (G5). ``prepare=True`` lets
+    psycopg prepare frequent statements on the server (not behind PgBouncer's transaction
+    pooling before 1.21). ``history=False`` writes no decision history."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        key_prefix: str = "taskdedup",
+        history: bool = True,
+        migrate: bool = True,
+        pool_size: int = 10,
+        timeout: float = 5.0,
+        prepare: bool = False,
+        synchronous_commit: str = "off",
+    ) -> None:
+        if not key_prefix or "{" in key_prefix or "}" in key_prefix:
+            raise ConfigError(f"key_prefix must be non-empty and free of braces, not {key_prefix!r}")
+        self.conninfo, self.prefix, self.history = conninfo, key_prefix, history
+        self.migrate_on_use, self.pool_size, self.timeout = migrate, pool_size, timeout
+        self.timeout_ms = int(timeout * 1000)
+        self.synchronous_commit = synchronous_commit
+        self.connect_kwargs: dict[str, Any] = {
+            "prepare_threshold": 5 if prepare else None,
+            "autocommit": True,  # each operation sends its own BEGIN and COMMIT (see _Call)
+        }
+        self.issued = 0  # the last fencing token given (see Records.next_fence)
+        self.writes = 0
+        self.table, self.version_table = tables(key_prefix)
+        self.class_id = zlib.crc32(self.table.encode()) - 2**31  # the advisory locks' space
+        self._pools: dict[int, psycopg_pool.ConnectionPool[Any]] = {}
+        self._apools: dict[int, psycopg_pool.AsyncConnectionPool[Any]] = {}
+        self._checked = False
+        self._checking = threading.Lock()
+        self._sql()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresStore:
+        """``postgresql://user@host:5432/db?pool_size=10&timeout=5&migrate=1&prepare=0``: the
+        store's own query options are taken out; the rest of the URL goes to libpq."""
+        parts = urlsplit(url)
+        ours = {
+            "pool_size": int,
+            "timeout": float,
+            "migrate": _flag,
+            "prepare": _flag,
+            "synchronous_commit": str,
+        }
+        libpq = []
+        for name, value in parse_qsl(parts.query):
+            if name in ours:
+                options.setdefault(name, ours[name](value))
+            else:
+                libpq.append((name, value))
+        scheme = "postgresql" if parts.scheme.startswith("postgres") else parts.scheme
+        return cls(urlunsplit(parts._replace(scheme=scheme, query=urlencode(libpq))), **options)
+
+    def _sql(self) -> None:
+        t = self.table
+        open_, save = functions(self.prefix)
+        self.sql_open = f"SELECT * FROM {open_}(%s, %s::text[], %s::text[], %s::text[], %s, %s)"
+        self.sql_save = (
+            f"SELECT {save}(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
+            "%s::text[], %s, %s)"
+        )
+        self.sql_all = (
+            "SELECT NULL, NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+            f" UNION ALL SELECT tag, part, body, expires_at FROM {t} "
+            "WHERE expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+        )
+        self.sql_purge = (
+            f"DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE expires_at <= "
+            "(extract(epoch FROM clock_timestamp()) * 1000)::bigint LIMIT %s FOR UPDATE SKIP "
+            "LOCKED))"
+        )
+
+    def purge_due(self) -> bool:
+        self.writes += 1
+        return self.writes % PURGE_EVERY == 0
+
+    # -- connections: one pool per process (a forked worker makes its own), one per event loop
+
+    def _pool(self) -> psycopg_pool.ConnectionPool[Any]:
+        pool = self._pools.get(os.getpid())
+        if pool is None:
+            self._pools.clear()  # the parent's, inherited through fork: not ours to close
+            pool = psycopg_pool.ConnectionPool(
+                self.conninfo,
+                min_size=1,
+                max_size=self.pool_size,
+                kwargs=self.connect_kwargs,
+                timeout=self.timeout,
+                open=True,
+            )
+            self._pools[os.getpid()] = pool
+        if not self._checked:
+            with self._checking:
+                if not self._checked:
+                    self._ready(pool)
+                    self._checked = True
+        return pool
+
+    async def _apool(self) -> psycopg_pool.AsyncConnectionPool[Any]:
+        key = id(asyncio.get_running_loop()) ^ os.getpid()
+        pool = self._apools.get(key)
+        if pool is None:
+            pool = psycopg_pool.AsyncConnectionPool(
+                self.conninfo,
+                min_size=1,
+                max_size=self.pool_size,
+                kwargs=self.connect_kwargs,
+                timeout=self.timeout,
+                open=False,
+            )
+            await pool.open()
+            self._apools[key] = pool
+        if not self._checked:
+            await asyncio.to_thread(self._pool)  # the schema check, once, off the loop
+        return pool
+
+    def _ready(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:
+        """The schema is there and current: made or upgraded (``migrate``), else an error."""
+        found = self.schema_version(pool)
+        if found == SCHEMA_VERSION:
+            return
+        if not self.migrate_on_use:
+            raise ConfigError(
+                f"the taskdedup tables for key_prefix {self.prefix!r} are at schema version "
+                f"{found} (this taskdedup needs {SCHEMA_VERSION}): run `taskdedup migrate --url "
+                "...`, or let the store do it (migrate=True)"
+            )
+        self.migrate(pool)
+
+    def schema_version(self, pool: psycopg_pool.ConnectionPool[Any] | None = None) -> int:
+        """The schema version of this prefix's tables (0: none)."""
+        with (pool or self._pool()).connection() as conn, _answering():
+            found = conn.execute("SELECT to_regclass(%s)", (self.version_table,)).fetchone()
+            if found is None or found[0] is None:
+                return 0
+            row = conn.execute(f"SELECT max(version) FROM {self.version_table}").fetchone()
+            return int(row[0] or 0) if row else 0
+
+    def migrate(self, pool: psycopg_pool.ConnectionPool[Any] | None = None) -> int:
+        """Create or upgrade this prefix's tables (idempotent; concurrent callers wait for
+        each other); answers the schema version now."""
+        with (pool or self._pool()).connection() as conn, _answering(), conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self.class_id,))
+            for statement in postgres_schema(self.prefix):
+                conn.execute(statement)
+            conn.execute(
+                f"INSERT INTO {self.version_table} (version) SELECT %s WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {self.version_table} WHERE version >= %s)",
+                (SCHEMA_VERSION, SCHEMA_VERSION),
+            )
+        return SCHEMA_VERSION
+
+    def purge(self, batch: int = 10_000) -> int:
+        """Remove expired rows, ``batch`` at a time, until none is left; answers how many."""
+        removed = 0
+        while True:
+            with self._pool().connection() as conn, _answering():
+                cur = conn.execute(self.sql_purge, (batch,))
+                conn.commit()
+            removed += cur.rowcount
+            if cur.rowcount < batch:
+                return removed
+
+    def drop_tables(self) -> None:
+        """Drop this prefix's tables (tests, and removing taskdedup)."""
+        with self._pool().connection() as conn, _answering():
+            conn.execute(f"DROP TABLE IF EXISTS {self.table}, {self.version_table}")
+            for function in functions(self.prefix):
+                conn.execute(f"DROP FUNCTION IF EXISTS {function}")
+            conn.commit()
+
+    # -- the protocol
+
+    def run(self, op: Op[R]) -> R:
+        extra: list[tuple[str, str]] = []
+        for attempt in range(8):
+            call = _Call(self, op, extra)
+            try:
+                with _answering(), self._pool().connection() as conn, _rolled_back(conn):
+                    with conn.pipeline():
+                        rows = [conn.execute(q, a) for q, a in call.opening()][1].fetchall()
+                        for q, a in call.closing(rows):
+                            conn.execute(q, a)
+                        conn.execute("COMMIT")
+                return cast(R, call.answer)
+            except Miss as miss:
+                extra.append((miss.tag, miss.part))
+            except _AGAIN:
+                time.sleep(random.uniform(0, 0.002 * 2**attempt))
+        raise StoreUnavailable(f"PostgreSQL: {type(op).__name__} kept meeting conflicts")
+
+    async def arun(self, op: Op[R]) -> R:
+        extra: list[tuple[str, str]] = []
+        for attempt in range(8):
+            call = _Call(self, op, extra)
+            try:
+                with _answering():
+                    async with (await self._apool()).connection() as conn:
+                        try:
+                            async with conn.pipeline():
+                                opened = [await conn.execute(q, a) for q, a in call.opening()]
+                                for q, a in call.closing(await opened[1].fetchall()):
+                                    await conn.execute(q, a)
+                                await conn.execute("COMMIT")
+                        except BaseException:
+                            with contextlib.suppress(psycopg.Error):
+                                await conn.execute("ROLLBACK")
+                            raise
+                return cast(R, call.answer)
+            except Miss as miss:
+                extra.append((miss.tag, miss.part))
+            except _AGAIN:
+                await asyncio.sleep(random.uniform(0, 0.002 * 2**attempt))
+        raise StoreUnavailable(f"PostgreSQL: {type(op).__name__} kept meeting conflicts")
+
+    def close(self) -> None:
+        pool = self._pools.pop(os.getpid(), None)
+        if pool is not None:
+            pool.close()
+
+    async def aclose(self) -> None:
+        for key, pool in list(self._apools.items()):
+            await pool.close()
+            del self._apools[key]
+        self.close()
+
+
+@contextlib.contextmanager
+def _rolled_back(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Roll back the transaction an operation left open (its statement failed, or the
+    transition asked for a row it had not read), before the connection goes back."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _flag(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
+@contextlib.contextmanager
+def _answering() -> Iterator[None]:
+    """Raise StoreUnavailable for a database that cannot answer now (G5); a bug raises as is."""
+    try:
+        yield
+    except _AGAIN:
+        raise
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(f"PostgreSQL did not answer: {exc}") from exc

@@ -1,0 +1,74 @@
+"""The PostgreSQL schema: the records table (``sql.schema``) and two functions, so that an
+operation is two short statements: ``<base>_open`` (lock the keys, read the clock and the
+rows) and ``<base>_save`` (write the changes, purge a batch of expired rows).
+
+Functions rather than statements sent each time: PL/pgSQL plans its queries once per server
+connection, with no prepared statement in the session (so PgBouncer's transaction pooling is
+fine), where a fresh statement is planned on every call (about 0.6 ms of an operation here).
+"""
+
+from __future__ import annotations
+
+from .sql import schema, tables
+
+
+def functions(key_prefix: str) -> tuple[str, str]:
+    """The names of the open and save functions of ``key_prefix``."""
+    base = tables(key_prefix)[0].removesuffix("_records")
+    return base + "_open", base + "_save"
+
+
+def postgres_schema(key_prefix: str) -> list[str]:
+    """Every statement of the current schema, each safe to run again."""
+    t = tables(key_prefix)[0]
+    open_, save = functions(key_prefix)
+    return [
+        *schema(key_prefix),
+        f"""CREATE OR REPLACE FUNCTION {open_}(cls int, tags text[], jtags text[],
+    jparts text[], wait_ms text, sync text)
+RETURNS TABLE (o_tag text, o_part text, o_body text, o_expires bigint)
+LANGUAGE plpgsql AS $$
+-- Lock the keys (sorted: no two callers wait on each other in a circle), then read the
+-- clock (the first row) and the rows: the keys' own rows but their jobs', the jobs named,
+-- and the job of each key's lock and run holder. Each query sees what was committed
+-- before the locks were taken (a volatile function's statements take fresh snapshots).
+DECLARE h int;
+BEGIN
+  PERFORM set_config('lock_timeout', wait_ms, true);
+  PERFORM set_config('statement_timeout', wait_ms, true);
+  PERFORM set_config('synchronous_commit', sync, true);
+  FOR h IN SELECT DISTINCT hashtext(k) FROM unnest(tags) AS k ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(cls, h);
+  END LOOP;
+  RETURN QUERY SELECT NULL::text, NULL::text, NULL::text,
+    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+  RETURN QUERY SELECT r.tag, r.part, r.body, r.expires_at FROM {t} AS r
+    WHERE r.tag = ANY(tags) AND r.part NOT LIKE 'job:%';
+  RETURN QUERY SELECT r.tag, r.part, r.body, r.expires_at FROM {t} AS r
+    JOIN unnest(jtags, jparts) AS w(tag, part) ON r.tag = w.tag AND r.part = w.part;
+  RETURN QUERY SELECT j.tag, j.part, j.body, j.expires_at FROM {t} AS l JOIN {t} AS j
+    ON j.tag = l.tag AND j.part = 'job:' || (l.body::json ->> 'j')
+    WHERE l.tag = ANY(tags) AND l.part IN ('lock', 'run');
+END $$""",
+        f"""CREATE OR REPLACE FUNCTION {save}(tags text[], parts text[], bodies text[],
+    exps bigint[], dtags text[], dparts text[], purge_before bigint, purge_n int)
+RETURNS void LANGUAGE plpgsql AS $$
+-- Write the rows an operation changed, delete the ones it dropped, and maybe remove a
+-- batch of expired rows (skipping any another transaction holds).
+BEGIN
+  IF cardinality(tags) > 0 THEN
+    INSERT INTO {t} AS r (tag, part, body, expires_at)
+      SELECT * FROM unnest(tags, parts, bodies, exps)
+      ON CONFLICT (tag, part) DO UPDATE SET body = excluded.body,
+        expires_at = excluded.expires_at;
+  END IF;
+  IF cardinality(dtags) > 0 THEN
+    DELETE FROM {t} AS r USING unnest(dtags, dparts) AS d(tag, part)
+      WHERE r.tag = d.tag AND r.part = d.part;
+  END IF;
+  IF purge_n > 0 THEN
+    DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t}
+      WHERE expires_at <= purge_before LIMIT purge_n FOR UPDATE SKIP LOCKED));
+  END IF;
+END $$""",
+    ]

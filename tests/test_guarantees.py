@@ -13,6 +13,7 @@ import redis
 
 from harness import race
 from taskdedup import Deduplicator, Heartbeat, MemoryStore, Policy, RedisStore, Settings, Ticket
+from taskdedup.stores import from_url
 from taskdedup.stores.base import Confirm, Lease, Store
 from taskdedup.testing import FakeClock
 
@@ -23,16 +24,11 @@ def build(user_id: int) -> None: ...
 BUILD = Policy("until_executed").bind("ci.build", build)
 
 
-@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+@pytest.mark.parametrize("store_kind", ["memory", "redis", "postgres", "sqlite"])
 def test_g1_64_threads_enqueue_one_key_and_exactly_one_acquires(
-    store_kind: str, request: pytest.FixtureRequest, key_prefix: str
+    store_kind: str, store_url: Callable[[str], str], key_prefix: str
 ) -> None:
-    store: Store
-    if store_kind == "memory":
-        store = MemoryStore(key_prefix=key_prefix)
-    else:
-        store = RedisStore.from_url(request.getfixturevalue("redis_url"), key_prefix=key_prefix)
-    dedup = Deduplicator(store)
+    dedup = Deduplicator(from_url(store_url(store_kind), key_prefix=key_prefix))
 
     def publish(i: int) -> Ticket:  # a producer: the lock, the publish (assumed), confirmed
         ticket = dedup.enqueue(BUILD, (7,), job_id=f"job-{i}")
@@ -47,7 +43,7 @@ def test_g1_64_threads_enqueue_one_key_and_exactly_one_acquires(
 
 
 def _enqueue_in_process(url: str, prefix: str, i: int, barrier: Any, out: Any) -> None:
-    dedup = Deduplicator(RedisStore.from_url(url, key_prefix=prefix))
+    dedup = Deduplicator(from_url(url, key_prefix=prefix))
     barrier.wait()
     ticket = dedup.enqueue(BUILD, (7,), job_id=f"proc-{i}")
     dedup.published(ticket)
@@ -55,13 +51,15 @@ def _enqueue_in_process(url: str, prefix: str, i: int, barrier: Any, out: Any) -
     out.put((ticket.acquired, ticket.job_id))
 
 
+@pytest.mark.parametrize("store_kind", ["redis", "postgres", "sqlite"])
 def test_g1_8_processes_enqueue_one_key_and_exactly_one_acquires(
-    redis_url: str, key_prefix: str
+    store_kind: str, store_url: Callable[[str], str], key_prefix: str
 ) -> None:
+    url = store_url(store_kind)
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(8), ctx.Queue()
     procs = [
-        ctx.Process(target=_enqueue_in_process, args=(redis_url, key_prefix, i, barrier, out))
+        ctx.Process(target=_enqueue_in_process, args=(url, key_prefix, i, barrier, out))
         for i in range(8)
     ]
     for p in procs:

@@ -54,6 +54,7 @@ class _Call:
         self.tags = sorted({*tags, *(t for t, _ in extra)})
         self.jobs = {*jobs, *extra}
         self.answer: Any = None
+        self.wrote = False  # its writes (or commit) went out: the outcome is the database's
 
     def opening(self) -> list[tuple[str, tuple[Any, ...]]]:
         """Round trip 1: begin (on an autocommit connection: psycopg's own BEGIN would cost a
@@ -84,7 +85,8 @@ class _Call:
         if self.everything:
             return []  # the tools' scans write nothing (expired rows are the purge's)
         if not writes and not deletes:
-            return []
+            return []  # (read only: safe to run again on a new connection)
+        self.wrote = True  # from here on, whether it was committed is the database's to say
         purge = PURGE_BATCH if s.purge_due() else 0
         wt, wp, wb, we = (list(column) for column in zip(*writes)) if writes else ([],) * 4
         dt, dp = [t for t, _ in deletes], [p for _, p in deletes]
@@ -193,6 +195,11 @@ class PostgresStore(Store):
                 open=True,
             )
             self._pools[os.getpid()] = pool
+        return pool
+
+    def _ready_pool(self) -> psycopg_pool.ConnectionPool[Any]:
+        """The pool, once the schema was found current (or made so) in this process."""
+        pool = self._pool()
         if not self._checked:
             with self._checking:
                 if not self._checked:
@@ -215,7 +222,7 @@ class PostgresStore(Store):
             await pool.open()
             self._apools[key] = pool
         if not self._checked:
-            await asyncio.to_thread(self._pool)  # the schema check, once, off the loop
+            await asyncio.to_thread(self._ready_pool)  # the schema check, once, off the loop
         return pool
 
     def _ready(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:
@@ -277,28 +284,35 @@ class PostgresStore(Store):
 
     def run(self, op: Op[R]) -> R:
         extra: list[tuple[str, str]] = []
-        for attempt in range(8):
-            call = _Call(self, op, extra)
-            try:
-                with _answering(), self._pool().connection() as conn, _rolled_back(conn):
-                    with conn.pipeline():
-                        rows = [conn.execute(q, a) for q, a in call.opening()][1].fetchall()
-                        for q, a in call.closing(rows):
-                            conn.execute(q, a)
-                        conn.execute("COMMIT")
-                return cast(R, call.answer)
-            except Miss as miss:
-                extra.append((miss.tag, miss.part))
-            except _AGAIN:
-                time.sleep(random.uniform(0, 0.002 * 2**attempt))
+        reconnects = 1  # a pooled connection the server closed (a restart) fails at first use
+        with _answering():
+            for attempt in range(8):
+                call = _Call(self, op, extra)
+                try:
+                    with self._ready_pool().connection() as conn, _rolled_back(conn):
+                        with conn.pipeline():
+                            rows = [conn.execute(q, a) for q, a in call.opening()][1].fetchall()
+                            for q, a in call.closing(rows):
+                                conn.execute(q, a)
+                            conn.execute("COMMIT")
+                    return cast(R, call.answer)
+                except Miss as miss:
+                    extra.append((miss.tag, miss.part))
+                except _AGAIN:
+                    time.sleep(random.uniform(0, 0.002 * 2**attempt))
+                except psycopg.OperationalError:
+                    if call.wrote or not reconnects:
+                        raise  # the writes may have been committed: not ours to send twice
+                    reconnects -= 1
         raise StoreUnavailable(f"PostgreSQL: {type(op).__name__} kept meeting conflicts")
 
     async def arun(self, op: Op[R]) -> R:
         extra: list[tuple[str, str]] = []
-        for attempt in range(8):
-            call = _Call(self, op, extra)
-            try:
-                with _answering():
+        reconnects = 1
+        with _answering():
+            for attempt in range(8):
+                call = _Call(self, op, extra)
+                try:
                     async with (await self._apool()).connection() as conn:
                         try:
                             async with conn.pipeline():
@@ -310,11 +324,15 @@ class PostgresStore(Store):
                             with contextlib.suppress(psycopg.Error):
                                 await conn.execute("ROLLBACK")
                             raise
-                return cast(R, call.answer)
-            except Miss as miss:
-                extra.append((miss.tag, miss.part))
-            except _AGAIN:
-                await asyncio.sleep(random.uniform(0, 0.002 * 2**attempt))
+                    return cast(R, call.answer)
+                except Miss as miss:
+                    extra.append((miss.tag, miss.part))
+                except _AGAIN:
+                    await asyncio.sleep(random.uniform(0, 0.002 * 2**attempt))
+                except psycopg.OperationalError:
+                    if call.wrote or not reconnects:
+                        raise
+                    reconnects -= 1
         raise StoreUnavailable(f"PostgreSQL: {type(op).__name__} kept meeting conflicts")
 
     def close(self) -> None:

@@ -79,12 +79,26 @@ class SqliteStore(Store):
             self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
         )
         if self.path != ":memory:":
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
         if not self._checked:
             self.migrate(conn)  # (idempotent: threads that race here both run it)
             self._checked = True
         return conn
+
+    def _wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL (readers never wait for the writer). Processes opening a
+        new file together may find it locked while another one switches: they try again."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def migrate(self, conn: sqlite3.Connection | None = None) -> int:
         """Create or upgrade this prefix's tables (idempotent); answers the schema version."""

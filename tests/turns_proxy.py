@@ -4,6 +4,7 @@ wire (tests/test_sql_stores.py), whatever the driver does underneath."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from typing import Any
@@ -45,10 +46,8 @@ class TurnsProxy:
             pass
         finally:
             for sock in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def count(self, call: Any) -> int:
         """The round trips ``call()`` makes (any connection through this proxy)."""

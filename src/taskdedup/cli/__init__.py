@@ -23,7 +23,10 @@ from .target import Target, resolve
 @click.group()
 @click.option("-A", "--app", help="The Celery app, as `celery -A` takes it.")
 @click.option("--broker-module", help="The taskiq broker, as module:variable.")
-@click.option("--url", help="The store's Redis URL (instead of an app or broker).")
+@click.option(
+    "--url",
+    help="The store's URL, redis://, postgresql:// or sqlite:/// (instead of an app or broker).",
+)
 @click.option("--prefix", default="taskdedup", show_default=True, help="With --url: key prefix.")
 @click.pass_context
 def cli(
@@ -138,6 +141,44 @@ def stats(ctx: click.Context) -> None:
     scopes = t.store.run(ListScopes())
     slots = sum(len(t.store.run(ListSlots(s))) for s in scopes)
     click.echo(f"reservations: {slots} slot(s) in flight in {len(scopes)} scope(s)")
+
+
+@cli.command()
+@click.option("--url", "own_url", help="The SQL store's URL (else the group's target).")
+@click.option("--prefix", "own_prefix", help="With --url: the key prefix (default taskdedup).")
+@click.pass_context
+def migrate(ctx: click.Context, own_url: str | None, own_prefix: str | None) -> None:
+    """Create or upgrade a SQL store's tables (PostgreSQL, SQLite); safe to run again, and
+    from several hosts at once."""
+    store = _sql_store(ctx, own_url, own_prefix)
+    version = store.migrate()
+    click.echo(f"{store.table}: schema version {version}")
+
+
+@cli.command()
+@click.option("--url", "own_url", help="The SQL store's URL (else the group's target).")
+@click.option("--prefix", "own_prefix", help="With --url: the key prefix (default taskdedup).")
+@click.pass_context
+def purge(ctx: click.Context, own_url: str | None, own_prefix: str | None) -> None:
+    """Remove a SQL store's expired rows now (normal traffic also removes them, a batch at a
+    time; expired rows are ignored either way)."""
+    store = _sql_store(ctx, own_url, own_prefix)
+    click.echo(f"{store.table}: {store.purge()} expired row(s) removed")
+
+
+def _sql_store(ctx: click.Context, url: str | None, prefix: str | None) -> Any:
+    from ..stores import from_url
+
+    if url is not None:
+        store = from_url(url, key_prefix=prefix or "taskdedup")
+    else:
+        store = target(ctx).store
+    if not hasattr(store, "migrate"):
+        raise click.UsageError(
+            f"{type(store).__name__} has no tables: migrate and purge are for the SQL stores "
+            "(postgresql://, sqlite:///)"
+        )
+    return store
 
 
 @cli.command()

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from ..errors import StoreUnavailable
 from ..policy import HOLD_WHILE_RUNNING, RUN_LOCKING
 from ..stores.base import Inspect
+from .doctor_sql import sql_findings
 from .target import Target
 
 Level = Literal["ok", "warning", "error"]
@@ -36,6 +37,7 @@ def run_checks(target: Target) -> list[Finding]:
     if any(f.check == "store" and f.level == "error" for f in found):
         return found
     found += _redis_server(target)
+    found += [Finding(*f) for f in sql_findings(target.store)]  # type: ignore[arg-type]
     return found + policy_findings(target)
 
 

@@ -21,7 +21,7 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -31,8 +31,8 @@ import psycopg_pool
 
 from ..errors import ConfigError, StoreUnavailable
 from .base import Op, R, Store
+from .postgres_schema import Queries, functions, postgres_schema
 from .record_store import TRANSITIONS
-from .postgres_schema import functions, postgres_schema
 from .sql import PURGE_BATCH, SCHEMA_VERSION, Miss, Row, Rows, tables, wanted
 
 #: Errors that mean "the database cannot answer now" (G5), not a bug in a request.
@@ -61,11 +61,11 @@ class _Call:
         round trip of its own), then lock the keys, read the clock and the rows."""
         s = self.store
         if self.everything:
-            return [("BEGIN", ()), (s.sql_all, ())]
+            return [("BEGIN", ()), (s.sql.all, ())]
         jobs = sorted(self.jobs)
         jtags, jparts = [t for t, _ in jobs], [p for _, p in jobs]
         args = (s.class_id, self.tags, jtags, jparts, str(s.timeout_ms), s.synchronous_commit)
-        return [("BEGIN", ()), (s.sql_open, args)]
+        return [("BEGIN", ()), (s.sql.open, args)]
 
     def _load(self, tag: str, part: str) -> Row | None:
         if (tag, part) in self.jobs or (tag in self.tags and not part.startswith("job:")):
@@ -88,9 +88,9 @@ class _Call:
             return []  # (read only: safe to run again on a new connection)
         self.wrote = True  # from here on, whether it was committed is the database's to say
         purge = PURGE_BATCH if s.purge_due() else 0
-        wt, wp, wb, we = (list(column) for column in zip(*writes)) if writes else ([],) * 4
+        wt, wp, wb, we = ([row[i] for row in writes] for i in range(4))
         dt, dp = [t for t, _ in deletes], [p for _, p in deletes]
-        return [(s.sql_save, (wt, wp, wb, we, dt, dp, now_us // 1000, purge))]
+        return [(s.sql.save, (wt, wp, wb, we, dt, dp, now_us // 1000, purge))]
 
 
 class PostgresStore(Store):
@@ -117,7 +117,9 @@ class PostgresStore(Store):
         synchronous_commit: str = "off",
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
-            raise ConfigError(f"key_prefix must be non-empty and free of braces, not {key_prefix!r}")
+            raise ConfigError(
+                f"key_prefix must be non-empty and free of braces, not {key_prefix!r}"
+            )
         self.conninfo, self.prefix, self.history = conninfo, key_prefix, history
         self.migrate_on_use, self.pool_size, self.timeout = migrate, pool_size, timeout
         self.timeout_ms = int(timeout * 1000)
@@ -134,14 +136,14 @@ class PostgresStore(Store):
         self._apools: dict[int, psycopg_pool.AsyncConnectionPool[Any]] = {}
         self._checked = False
         self._checking = threading.Lock()
-        self._sql()
+        self.sql = Queries(key_prefix)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresStore:
         """``postgresql://user@host:5432/db?pool_size=10&timeout=5&migrate=1&prepare=0``: the
         store's own query options are taken out; the rest of the URL goes to libpq."""
         parts = urlsplit(url)
-        ours = {
+        ours: dict[str, Callable[[str], Any]] = {
             "pool_size": int,
             "timeout": float,
             "migrate": _flag,
@@ -156,25 +158,6 @@ class PostgresStore(Store):
                 libpq.append((name, value))
         scheme = "postgresql" if parts.scheme.startswith("postgres") else parts.scheme
         return cls(urlunsplit(parts._replace(scheme=scheme, query=urlencode(libpq))), **options)
-
-    def _sql(self) -> None:
-        t = self.table
-        open_, save = functions(self.prefix)
-        self.sql_open = f"SELECT * FROM {open_}(%s, %s::text[], %s::text[], %s::text[], %s, %s)"
-        self.sql_save = (
-            f"SELECT {save}(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
-            "%s::text[], %s, %s)"
-        )
-        self.sql_all = (
-            "SELECT NULL, NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
-            f" UNION ALL SELECT tag, part, body, expires_at FROM {t} "
-            "WHERE expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-        )
-        self.sql_purge = (
-            f"DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE expires_at <= "
-            "(extract(epoch FROM clock_timestamp()) * 1000)::bigint LIMIT %s FOR UPDATE SKIP "
-            "LOCKED))"
-        )
 
     def purge_due(self) -> bool:
         self.writes += 1
@@ -266,9 +249,9 @@ class PostgresStore(Store):
         removed = 0
         while True:
             with self._pool().connection() as conn, _answering():
-                cur = conn.execute(self.sql_purge, (batch,))
+                cur = conn.execute(self.sql.purge, (batch,))
                 conn.commit()
-            removed += cur.rowcount
+            removed += int(cur.rowcount)
             if cur.rowcount < batch:
                 return removed
 
@@ -289,12 +272,12 @@ class PostgresStore(Store):
             for attempt in range(8):
                 call = _Call(self, op, extra)
                 try:
-                    with self._ready_pool().connection() as conn, _rolled_back(conn):
-                        with conn.pipeline():
-                            rows = [conn.execute(q, a) for q, a in call.opening()][1].fetchall()
-                            for q, a in call.closing(rows):
-                                conn.execute(q, a)
-                            conn.execute("COMMIT")
+                    pool = self._ready_pool()
+                    with pool.connection() as conn, _rolled_back(conn), conn.pipeline():
+                        rows = [conn.execute(q, a) for q, a in call.opening()][1].fetchall()
+                        for q, a in call.closing(rows):
+                            conn.execute(q, a)
+                        conn.execute("COMMIT")
                     return cast(R, call.answer)
                 except Miss as miss:
                     extra.append((miss.tag, miss.part))

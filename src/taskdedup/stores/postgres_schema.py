@@ -72,3 +72,28 @@ BEGIN
   END IF;
 END $$""",
     ]
+
+
+class Queries:
+    """The statements an operation sends (the functions above do the work)."""
+
+    def __init__(self, key_prefix: str) -> None:
+        t = tables(key_prefix)[0]
+        open_, save = functions(key_prefix)
+        self.open = f"SELECT * FROM {open_}(%s, %s::text[], %s::text[], %s::text[], %s, %s)"
+        self.save = (
+            f"SELECT {save}(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
+            "%s::text[], %s, %s)"
+        )
+        #: the tools' scans: the clock, then every live row (no locks)
+        self.all = (
+            "SELECT NULL, NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+            f" UNION ALL SELECT tag, part, body, expires_at FROM {t} "
+            "WHERE expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+        )
+        #: ``taskdedup purge``: a batch of expired rows (skipping any another transaction holds)
+        self.purge = (
+            f"DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE expires_at <= "
+            "(extract(epoch FROM clock_timestamp()) * 1000)::bigint LIMIT %s FOR UPDATE SKIP "
+            "LOCKED))"
+        )

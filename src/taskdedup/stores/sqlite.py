@@ -9,6 +9,7 @@ The clock is the host's (all the file's users are on it); tests pass a clock of 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
@@ -43,7 +44,9 @@ class SqliteStore(Store):
         clock: Callable[[], float] | None = None,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
-            raise ConfigError(f"key_prefix must be non-empty and free of braces, not {key_prefix!r}")
+            raise ConfigError(
+                f"key_prefix must be non-empty and free of braces, not {key_prefix!r}"
+            )
         self.path, self.prefix, self.history = path, key_prefix, history
         self.timeout, self.clock = timeout, clock or time.time
         self.table, self.version_table = tables(key_prefix)
@@ -167,8 +170,7 @@ class SqliteStore(Store):
     def _purge(self, conn: sqlite3.Connection, now_ms: int, batch: int) -> int:
         t = self.table
         cur = conn.execute(
-            f"DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE expires_at <= ? "
-            "LIMIT ?)",
+            f"DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE expires_at <= ? LIMIT ?)",
             (now_ms, batch),
         )
         return cur.rowcount
@@ -177,8 +179,8 @@ class SqliteStore(Store):
         """Remove expired rows, ``batch`` at a time, until none is left; answers how many."""
         removed = 0
         while True:
-            now_ms = int(self.clock() * 1000)
-            count = self._transact(lambda conn: self._purge(conn, now_ms, batch))
+            step = functools.partial(self._purge, now_ms=int(self.clock() * 1000), batch=batch)
+            count = self._transact(step)
             removed += count
             if count < batch:
                 return removed

@@ -1,0 +1,195 @@
+"""What the SQL stores promise beyond the shared contract (tests/test_store_contract.py runs
+that on both): round trips per operation counted on the wire, the database's clock, expired
+rows purged by traffic and by ``taskdedup purge``, nothing left in the session (PgBouncer's
+transaction pooling), the schema made and checked, and the URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from harness import race, wait_for
+from taskdedup import Deduplicator, Policy
+from taskdedup.cli import cli
+from taskdedup.errors import ConfigError
+from taskdedup.stores import from_url
+from taskdedup.stores.base import Acquire, Claim, Finish, Inspect
+from taskdedup.stores.postgres import PostgresStore
+from taskdedup.stores.sqlite import SqliteStore
+from turns_proxy import TurnsProxy
+
+HOUR = 3_600_000
+
+
+def build(sha: str) -> None: ...
+
+
+BUILD = Policy("until_executed").bind("ci.build", build)
+
+
+@pytest.fixture
+def pg(postgres_url: str, key_prefix: str) -> Iterator[PostgresStore]:
+    store = PostgresStore(postgres_url, key_prefix=key_prefix)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def proxied(postgres_url: str, key_prefix: str) -> Iterator[tuple[PostgresStore, TurnsProxy]]:
+    """A store whose every byte goes through a proxy that counts round trips."""
+    info = psycopg.conninfo.conninfo_to_dict(postgres_url)
+    if str(info.get("host", "")).startswith("/"):
+        pytest.skip("the database listens on a socket only: nothing for a TCP proxy")
+    proxy = TurnsProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+    info.update(host="127.0.0.1", port=proxy.port)
+    store = PostgresStore(psycopg.conninfo.make_conninfo(**info), key_prefix=key_prefix)
+    store.run(Inspect("warm-up"))  # the schema made, a connection open
+    yield store, proxy
+    store.close()
+    proxy.close()
+
+
+def test_an_enqueue_a_duplicate_a_claim_and_a_finish_each_take_two_round_trips(
+    proxied: tuple[PostgresStore, TurnsProxy],
+) -> None:
+    store, proxy = proxied
+    dedup = Deduplicator(store)
+    tickets = []
+    enqueue = proxy.count(lambda: tickets.append(dedup.enqueue(BUILD, ("abc",), job_id="j1")))
+    dedup.published(tickets[0])
+    dedup.confirmer.flush()  # (the confirmation goes out in a batch of its own)
+    duplicate = proxy.count(lambda: tickets.append(dedup.enqueue(BUILD, ("abc",), job_id="j2")))
+    assert tickets[1].deduplicated and tickets[1].job_id == "j1"
+    key = tickets[0].key
+    claim = proxy.count(lambda: store.run(Claim(key, "j1", "w", 30_000, HOUR, "hold", False, HOUR)))
+    finish = proxy.count(lambda: store.run(Finish(key, "j1", False, HOUR)))
+    assert (enqueue, duplicate, claim, finish) == (2, 2, 2, 2)
+
+
+def test_the_asyncio_path_takes_two_round_trips_too(
+    proxied: tuple[PostgresStore, TurnsProxy],
+) -> None:
+    store, proxy = proxied
+
+    async def acquire() -> None:
+        await store.arun(Acquire("warm", "j0", HOUR, HOUR))  # the loop's pool opened
+        before = proxy.turns
+        assert (await store.arun(Acquire("k", "j1", HOUR, HOUR))).acquired
+        assert proxy.turns - before == 2
+        await store.aclose()
+
+    asyncio.run(acquire())
+
+
+def test_time_is_the_databases_clock(pg: PostgresStore) -> None:
+    pg.run(Acquire("k", "j1", HOUR, HOUR))
+    info = pg.run(Inspect("k"))
+    with pg._pool().connection() as conn:
+        row = conn.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+        db_now = row.fetchone()[0]  # type: ignore[index]
+    assert info is not None and info.since_ms is not None
+    assert 0 <= db_now - info.since_ms < 5_000
+
+
+def test_nothing_is_left_in_the_session_for_a_pooler_to_carry_over(pg: PostgresStore) -> None:
+    for i in range(20):  # past psycopg's threshold for preparing a statement (5)
+        pg.run(Acquire(f"k{i}", "j", HOUR, HOUR))
+    with pg._pool().connection() as conn:
+        prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+        timeout = conn.execute("SHOW statement_timeout").fetchone()
+        locks = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        ).fetchone()
+    assert prepared == (0,) and timeout == ("0",) and locks == (0,)
+
+
+def _rows(store: PostgresStore) -> int:
+    with store._pool().connection() as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {store.table}").fetchone()[0])  # type: ignore[index]
+
+
+def test_expired_rows_read_as_absent_at_once_and_purge_removes_them(pg: PostgresStore) -> None:
+    for i in range(10):
+        pg.run(Acquire(f"short{i}", "j", 200, 200))
+    pg.run(Acquire("long", "j", HOUR, HOUR))
+    wait_for(lambda: pg.run(Inspect("short9")) is None, 5, "the short locks to expire")
+    assert pg.run(Acquire("short0", "j2", HOUR, HOUR)).acquired  # expired: free at once
+    assert _rows(pg) == 11  # (short0 rewritten; nine expired rows still there)
+    result = CliRunner().invoke(cli, ["purge", "--url", pg.conninfo, "--prefix", pg.prefix])
+    assert result.exit_code == 0, result.output
+    assert "9 expired row(s) removed" in result.output
+    assert _rows(pg) == 2
+
+
+def test_normal_traffic_purges_expired_rows_a_batch_at_a_time(pg: PostgresStore) -> None:
+    for i in range(50):
+        pg.run(Acquire(f"short{i}", "j", 100, 100))
+    wait_for(lambda: pg.run(Inspect("short49")) is None, 5, "the short locks to expire")
+    for i in range(70):  # one write in PURGE_EVERY (64) also purges
+        pg.run(Acquire(f"long{i}", "j", HOUR, HOUR))
+    assert _rows(pg) == 70
+
+
+def test_the_schema_is_made_once_by_racing_processes_and_checked(
+    postgres_url: str, key_prefix: str
+) -> None:
+    stores = [PostgresStore(postgres_url, key_prefix=key_prefix) for _ in range(8)]
+    assert race(8, lambda i: stores[i].migrate()) == [1] * 8
+    for store in stores:
+        store.close()
+    other = f"{key_prefix}-none"
+    absent = PostgresStore(postgres_url, key_prefix=other, migrate=False)
+    try:
+        with pytest.raises(ConfigError, match="taskdedup migrate"):
+            absent.run(Inspect("k"))
+    finally:
+        absent.close()
+
+
+def test_migrate_on_the_command_line_is_idempotent(postgres_url: str, key_prefix: str) -> None:
+    for _ in range(2):
+        result = CliRunner().invoke(cli, ["migrate", "--url", postgres_url, "--prefix", key_prefix])
+        assert result.exit_code == 0, result.output
+    table = key_prefix.replace("-", "_")
+    assert f"{table}_records: schema version 1" in result.output
+    doctor = CliRunner().invoke(cli, ["--url", postgres_url, "--prefix", key_prefix, "doctor"])
+    assert "schema     " in doctor.output and "version 1" in doctor.output, doctor.output
+
+
+def test_urls_make_the_sql_stores_with_their_options(postgres_url: str, tmp_path: Path) -> None:
+    pg = from_url(postgres_url + "?pool_size=3&timeout=2&synchronous_commit=on")
+    assert isinstance(pg, PostgresStore)
+    assert (pg.pool_size, pg.timeout, pg.synchronous_commit) == (3, 2.0, "on")
+    lite = from_url(f"sqlite:///{tmp_path}/t.db", key_prefix="p")
+    assert isinstance(lite, SqliteStore) and lite.path == f"{tmp_path}/t.db"
+    assert isinstance(from_url("sqlite://"), SqliteStore)
+
+
+def test_a_sqlite_file_is_shared_by_processes_and_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "locks.db"
+    one = SqliteStore(str(path), key_prefix="p")
+    two = SqliteStore(str(path), key_prefix="p")
+    assert one.run(Acquire("k", "j1", HOUR, HOUR)).acquired
+    assert two.run(Acquire("k", "j2", HOUR, HOUR)).holder == "j1"
+    mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()
+    assert mode == ("wal",)
+    one.close()
+    two.close()
+
+
+def test_a_key_prefix_names_its_own_tables(postgres_url: str) -> None:
+    prefix = f"td.Test-{uuid.uuid4().hex[:6]}"
+    store = PostgresStore(postgres_url, key_prefix=prefix)
+    try:
+        store.run(Acquire("k", "j", HOUR, HOUR))
+        assert store.table == prefix.lower().replace(".", "_").replace("-", "_") + "_records"
+    finally:
+        store.drop_tables()
+        store.close()

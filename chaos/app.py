@@ -1,9 +1,9 @@
 """The soak's Celery app, imported by the workers (``celery -A chaos.app worker``) and producers.
 
-Everything comes from the environment the orchestrator sets: the broker, the store and the
-records server. Each task body records its own start and end (job id, attempt, fencing token,
-pid, wall-clock time) on the records server, which no fault ever touches, so the checker can
-rebuild every execution afterwards.
+Everything comes from the environment the orchestrator sets: the broker, the store (a Redis or
+a PostgreSQL URL, see :func:`store_url`) and the records server. Each task body records its own
+start and end (job id, attempt, fencing token, pid, wall-clock time) on the records server,
+which no fault ever touches, so the checker can rebuild every execution afterwards.
 
 Tasks: one per strategy, all keyed on ``name`` only, lease 2 s (kills are recovered quickly),
 ``acks_late`` with ``task_reject_on_worker_lost`` and a 5 s visibility timeout (a killed job is
@@ -61,6 +61,20 @@ BROKER_URL = os.environ["CHAOS_BROKER_URL"]
 STORE_URL = os.environ["CHAOS_STORE_URL"]
 RECORDS_URL = os.environ["CHAOS_RECORDS_URL"]
 
+
+def store_url(url: str) -> str:
+    """The ``taskdedup_url`` of the store at ``url``, each call bounded by STORE_TIMEOUT: on
+    Redis the socket timeouts; on PostgreSQL the store's ``timeout`` (the wait for a pooled
+    connection, and the server's statement and lock timeouts) and libpq's ``connect_timeout``
+    (whole seconds, 2 at least). A PostgreSQL URL may carry a query already (the socket's
+    ``host``)."""
+    if url.startswith(("postgresql:", "postgres:")):
+        joiner = "&" if "?" in url else "?"
+        connect = max(2, STORE_TIMEOUT)
+        return f"{url}{joiner}timeout={STORE_TIMEOUT}&connect_timeout={connect}"
+    return f"{url}?socket_timeout={STORE_TIMEOUT}&socket_connect_timeout={STORE_TIMEOUT}"
+
+
 app = Celery("chaos", broker=BROKER_URL, backend=RECORDS_URL, set_as_current=True)
 app.conf.update(
     broker_transport_options={
@@ -77,7 +91,7 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
     result_expires=3600,
-    taskdedup_url=f"{STORE_URL}?socket_timeout={STORE_TIMEOUT}&socket_connect_timeout={STORE_TIMEOUT}",
+    taskdedup_url=store_url(STORE_URL),
     taskdedup_key_prefix=STORE_PREFIX,
     taskdedup_grace=GRACE,
     taskdedup_default_lease=LEASE,

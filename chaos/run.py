@@ -1,9 +1,16 @@
-"""The soak: servers, workers, producers, faults on a schedule, drain, then the invariants."""
+"""The soak: servers, workers, producers, faults on a schedule, drain, then the invariants.
+
+The store is a private redis-server (``--store redis``, the default) or a private PostgreSQL
+(``--store postgres``); the broker and the records server are redis-servers either way. What
+the soak checks does not depend on the store: only how the store is faulted (PostgreSQL is not
+stalled, see :class:`chaos.servers.PostgresServer`) and how its held locks are read.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import shutil
 import tempfile
@@ -38,7 +45,7 @@ from .config import (
     task_name,
 )
 from .procs import ROOT, Worker, kill_pid, start_producer, wait_gone
-from .servers import RedisServer
+from .servers import PostgresServer, RedisServer
 
 EXCLUSIVE_TASKS = {task_name(s) for s in EXCLUSIVE}
 NEWEST_TASKS = {task_name(s) for s in NEWEST}
@@ -60,12 +67,17 @@ class Options:
     seed: int = 0
     dedup: bool = True
     faults: bool = True  # store stall and stop, broker restart
+    store: str = "redis"  # the store's server: "redis" or "postgres" (STORES)
     output: Path = ROOT / "chaos" / "last-run.json"
     keep_logs: bool = False
 
     @classmethod
     def short(cls) -> Options:
         return cls(seconds=90.0, rate=3.5, names=60, kill_every=3.5, drain_timeout=45.0)
+
+
+#: the stores the soak can run on (``--store``)
+STORES = ("redis", "postgres")
 
 
 def say(message: str) -> None:
@@ -77,7 +89,13 @@ class Soak:
         self.o = options
         self.rng = random.Random(options.seed)
         self.logs = Path(tempfile.mkdtemp(prefix="taskdedup-chaos-logs-"))
-        self.store = RedisServer("store", persistent=True)
+        if options.store not in STORES:
+            raise ValueError(f"unknown store {options.store!r}: one of {', '.join(STORES)}")
+        self.store: RedisServer | PostgresServer = (
+            PostgresServer("store")
+            if options.store == "postgres"
+            else RedisServer("store", persistent=True)
+        )
         self.broker = RedisServer("broker", persistent=True)
         self.recorder = RedisServer("records", persistent=False)
         self.kills: list[dict[str, Any]] = []
@@ -105,9 +123,12 @@ class Soak:
             for server in (self.store, self.broker, self.recorder):
                 server.start()
             self.records = redis.Redis.from_url(self.recorder.url, decode_responses=True)
+            if isinstance(self.store, PostgresServer):
+                make_tables(self.store.url)
             say(
-                f"store {self.store.url}, broker {self.broker.url} (both appendonly yes, "
-                f"appendfsync always), records {self.recorder.url}; logs in {self.logs}"
+                f"store {self.store.url} ({self.store.durability}), broker {self.broker.url} "
+                f"(appendonly yes, appendfsync always), records {self.recorder.url}; logs in "
+                f"{self.logs}"
             )
             return self.soak()
         finally:
@@ -177,18 +198,22 @@ class Soak:
     # ------------------------------------------------------------------ faults
 
     def fault_schedule(self, started: float) -> None:
-        """Store stall (SIGSTOP), store stop, broker restart, at fixed points of the load."""
+        """Store stall (SIGSTOP), store stop, broker restart, at fixed points of the load. A
+        store that is not stalled (PostgreSQL: see PostgresServer) is stopped there instead,
+        so the store meets as many outages, of the same length."""
         t = self.o.seconds
         if not self.o.faults:
             return
-        plan = [(0.22 * t, "stall"), (0.42 * t, "store_stop"), (0.62 * t, "broker_restart")]
+        stall = "stall" if self.store.stalls else "store_stop"
+        plan = [(0.22 * t, stall), (0.42 * t, "store_stop"), (0.62 * t, "broker_restart")]
         if t >= 150:
-            plan += [(0.75 * t, "stall"), (0.85 * t, "store_stop")]
+            plan += [(0.75 * t, stall), (0.85 * t, "store_stop")]
         for at, what in plan:
             while time.monotonic() - started < at:
                 time.sleep(0.05)
             began = time.time()
             if what == "stall":
+                assert isinstance(self.store, RedisServer)
                 self.store.pause()
                 time.sleep(self.o.stall_seconds)
                 self.store.resume()
@@ -254,17 +279,28 @@ class Soak:
             self.restarts += 1
 
     def sample_locks(self) -> None:
+        """Count the locks the store holds now (nothing when it cannot answer at once)."""
         try:
-            client = redis.Redis.from_url(
-                self.store.url, socket_timeout=0.3, socket_connect_timeout=0.3
-            )
-            try:
-                held = len(held_records(client))
-            finally:
-                client.close()
-        except (redis.RedisError, OSError):
+            held = len(self.held(timeout=0.3))
+        except StoreDown:
             return
         self.max_held_seen = max(self.max_held_seen, held)
+
+    def held(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """The store's live lock and run-lock records (:func:`held_records` or
+        :func:`held_rows`); ``timeout``: seconds to connect and to answer (None: no limit).
+        Raises StoreDown when the store does not answer."""
+        if isinstance(self.store, PostgresServer):
+            return held_rows(self.store.url, timeout)
+        client = redis.Redis.from_url(
+            self.store.url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        try:
+            return held_records(client)
+        except (redis.RedisError, OSError) as exc:
+            raise StoreDown(str(exc)) from exc
+        finally:
+            client.close()
 
     # ------------------------------------------------------------------ the end
 
@@ -294,11 +330,7 @@ class Soak:
         now = time.time()
         events = [json.loads(x) for x in self.records.lrange(RUNS, 0, -1)]
         ledger = [json.loads(x) for x in self.records.lrange(LEDGER, 0, -1)]
-        store = redis.Redis.from_url(self.store.url, decode_responses=True)
-        try:
-            held = held_records(store)
-        finally:
-            store.close()
+        held = self.held()
         if self.o.keep_logs:
             raw = {
                 "runs": events,
@@ -341,6 +373,7 @@ class Soak:
         submits = [e for e in ledger if e["ev"] == "submit"]
         report: dict[str, Any] = {
             "options": {k: str(v) for k, v in dataclasses.asdict(self.o).items()},
+            "store": {"kind": self.o.store, "durability": self.store.durability},
             "drained": drained,
             "totals": {
                 "submissions": len(submits),
@@ -415,6 +448,10 @@ class Soak:
         return states
 
 
+class StoreDown(Exception):
+    """The store did not answer the orchestrator's read of its locks."""
+
+
 def held_records(client: redis.Redis) -> list[dict[str, Any]]:
     """The store's lock and run-lock records (``<prefix>:{<key>}:lock`` / ``:run``)."""
     found = []
@@ -431,6 +468,50 @@ def held_records(client: redis.Redis) -> list[dict[str, Any]]:
         digest = name[name.index("{") + 1 : name.rindex("}")]
         found.append({"digest": digest, "kind": kind, "job": job, "pttl_ms": pttl})
     return found
+
+
+def held_rows(url: str, timeout: float | None = None) -> list[dict[str, Any]]:
+    """:func:`held_records` on PostgreSQL: the live rows of parts ``lock`` and ``run`` in
+    ``<prefix>_records`` (the tag is the key's digest, the body's ``j`` its holder), live by
+    the database's clock, as the store reads them. ``timeout``: seconds to connect (at least
+    2, libpq's least) and for the query (None: no limit). Raises StoreDown when it does not
+    answer (stopped, starting, shutting down)."""
+    import psycopg
+
+    from taskdedup.stores.sql import tables
+
+    table = tables(STORE_PREFIX)[0]
+    limits: dict[str, Any] = {}
+    if timeout is not None:
+        limits["connect_timeout"] = max(2, math.ceil(timeout))
+        limits["options"] = f"-c statement_timeout={int(timeout * 1000)}"
+    query = (
+        "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) "
+        f"SELECT r.tag, r.part, r.body::json ->> 'j', r.expires_at - now.ms FROM {table} AS r, "
+        "now WHERE r.part IN ('lock', 'run') AND r.expires_at > now.ms"
+    )
+    try:
+        with psycopg.connect(url, autocommit=True, **limits) as conn:
+            rows = conn.execute(query).fetchall()
+    except psycopg.Error as exc:
+        raise StoreDown(str(exc)) from exc
+    return [
+        {"digest": tag, "kind": part, "job": job, "pttl_ms": int(left)}
+        for tag, part, job, left in rows
+    ]
+
+
+def make_tables(url: str) -> None:
+    """Create the store's tables and functions on PostgreSQL once, before any worker or
+    producer starts (each would otherwise make them on its first call, waiting on the others),
+    so that the orchestrator's reads of the table find it from the start."""
+    from taskdedup.stores.postgres import PostgresStore
+
+    store = PostgresStore(url, key_prefix=STORE_PREFIX)
+    try:
+        store.migrate()
+    finally:
+        store.close()
 
 
 def key_digests(events: list[dict[str, Any]], names: int) -> tuple[dict[str, tuple[str, str]], int]:

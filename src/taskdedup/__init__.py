@@ -28,6 +28,7 @@ from .policy import Policy, TaskPolicy
 from .reservations import Reservation, ReservationGuard, ReservePolicy
 from .settings import Settings
 from .stores import MemoryStore, Store
+from .transactions import atransaction, transaction
 
 if TYPE_CHECKING:
     from .stores.postgres import PostgresStore
@@ -68,8 +69,10 @@ __all__ = [
     "Superseded",
     "TaskPolicy",
     "Ticket",
+    "atransaction",
     "raise_if_superseded",
     "superseded",
+    "transaction",
 ]
 
 __version__ = "0.1.0"

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
+from .. import transactions
 from ..decide import Step, Ticket
 from ..decide.envelope import TICK
 from ..policy import TaskPolicy
@@ -125,6 +126,24 @@ class Publisher:
         if taken.start_in is not None:  # @pace: a later start than the call asked for
             options.pop("eta", None)
             options["countdown"] = taken.start_in
+        joined = None if call.retry else transactions.current(integ.dedup.store)
+        if joined is not None:  # the lock is the caller's transaction's: publish on commit
+            later = functools.partial(self._publish, taken, call, publish, name, args, kwargs)
+            joined.after_commit(functools.partial(later, options))
+            return self.existing(call.job_id, options)
+        return self._publish(taken, call, publish, name, args, kwargs, options)
+
+    def _publish(
+        self,
+        taken: Taken,
+        call: Call,
+        publish: Callable[..., Any],
+        name: str,
+        args: Any,
+        kwargs: Any,
+        options: dict[str, Any],
+    ) -> Any:
+        integ = self.integration
         try:
             result = publish(name, args, kwargs, **options)
         except BaseException:  # the publish failed: give back what was taken (G5); a retry's

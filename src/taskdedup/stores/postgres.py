@@ -29,8 +29,20 @@ import psycopg
 import psycopg.errors
 import psycopg_pool
 
+from .. import transactions
 from ..errors import ConfigError, StoreUnavailable
-from .base import Op, R, Store
+from .base import (
+    Acquire,
+    MarkTick,
+    Op,
+    Pace,
+    Peek,
+    R,
+    Remember,
+    Reserve,
+    ReserveAll,
+    Store,
+)
 from .postgres_schema import Queries, functions, postgres_schema
 from .record_store import TRANSITIONS
 from .sql import PURGE_BATCH, SCHEMA_VERSION, Miss, Row, Rows, tables, wanted
@@ -46,8 +58,10 @@ PURGE_EVERY = 64
 class _Call:
     """One operation's transaction: the statements of both round trips, and its answer."""
 
-    def __init__(self, store: PostgresStore, op: Op[Any], extra: list[tuple[str, str]]) -> None:
-        self.store, self.op = store, op
+    def __init__(
+        self, store: PostgresStore, op: Op[Any], extra: list[tuple[str, str]], joined: bool = False
+    ) -> None:
+        self.store, self.op, self.joined = store, op, joined
         plan = wanted(op)
         self.everything = plan is None
         tags, jobs = plan or ([], [])
@@ -64,6 +78,8 @@ class _Call:
             return [("BEGIN", ()), (s.sql.all, ())]
         jobs = sorted(self.jobs)
         jtags, jparts = [t for t, _ in jobs], [p for _, p in jobs]
+        if self.joined:  # the caller's transaction: no BEGIN, and its settings left alone
+            return [(s.sql.open, (s.class_id, self.tags, jtags, jparts, None, None))]
         args = (s.class_id, self.tags, jtags, jparts, str(s.timeout_ms), s.synchronous_commit)
         return [("BEGIN", ()), (s.sql.open, args)]
 
@@ -136,6 +152,7 @@ class PostgresStore(Store):
         self._apools: dict[int, psycopg_pool.AsyncConnectionPool[Any]] = {}
         self._checked = False
         self._checking = threading.Lock()
+        self._where: tuple[Any, ...] | None = None
         self.sql = Queries(key_prefix)
 
     @classmethod
@@ -265,7 +282,17 @@ class PostgresStore(Store):
 
     # -- the protocol
 
+    def same_database(self, conn: Any) -> bool:
+        """Whether psycopg connection ``conn`` is to this store's database (an enqueue in its
+        open transaction then joins it: :mod:`taskdedup.transactions`)."""
+        if self._where is None:
+            with self._pool().connection() as mine:
+                self._where = _where(mine)
+        return _where(conn) == self._where
+
     def run(self, op: Op[R]) -> R:
+        if type(op) in JOINS and (joined := transactions.current(self)) is not None:
+            return run_joined(self, joined.conn, op)
         extra: list[tuple[str, str]] = []
         reconnects = 1  # a pooled connection the server closed (a restart) fails at first use
         with _answering():
@@ -290,6 +317,10 @@ class PostgresStore(Store):
         raise StoreUnavailable(f"PostgreSQL: {type(op).__name__} kept meeting conflicts")
 
     async def arun(self, op: Op[R]) -> R:
+        if type(op) in JOINS and (joined := transactions.current(self)) is not None:
+            if isinstance(joined.conn, psycopg.AsyncConnection):
+                return await arun_joined(self, joined.conn, op)
+            return run_joined(self, joined.conn, op)
         extra: list[tuple[str, str]] = []
         reconnects = 1
         with _answering():
@@ -328,6 +359,47 @@ class PostgresStore(Store):
             await pool.close()
             del self._apools[key]
         self.close()
+
+
+#: The operations of an enqueue's decision: inside the caller's transaction, they join it.
+JOINS: frozenset[type[Any]] = frozenset(
+    (Acquire, Peek, Remember, Reserve, ReserveAll, Pace, MarkTick)
+)
+
+
+def run_joined(store: PostgresStore, conn: psycopg.Connection[Any], op: Op[R]) -> R:
+    """``op`` in the caller's open transaction on ``conn``: its rows are written there, and
+    committed or rolled back with it. A database error is the caller's transaction's: it is
+    raised as it is (that transaction is aborted either way)."""
+    extra: list[tuple[str, str]] = []
+    while True:
+        call = _Call(store, op, extra, joined=True)
+        try:
+            rows = conn.execute(*call.opening()[0]).fetchall()
+            for q, a in call.closing(rows):
+                conn.execute(q, a)
+            return cast(R, call.answer)
+        except Miss as miss:
+            extra.append((miss.tag, miss.part))
+
+
+async def arun_joined(store: PostgresStore, conn: psycopg.AsyncConnection[Any], op: Op[R]) -> R:
+    """:func:`run_joined` on an asyncio connection."""
+    extra: list[tuple[str, str]] = []
+    while True:
+        call = _Call(store, op, extra, joined=True)
+        try:
+            rows = await (await conn.execute(*call.opening()[0])).fetchall()
+            for q, a in call.closing(rows):
+                await conn.execute(q, a)
+            return cast(R, call.answer)
+        except Miss as miss:
+            extra.append((miss.tag, miss.part))
+
+
+def _where(conn: Any) -> tuple[Any, ...]:
+    info = conn.info
+    return (info.host, info.port, info.dbname)
 
 
 @contextlib.contextmanager

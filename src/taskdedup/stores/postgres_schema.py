@@ -34,9 +34,11 @@ LANGUAGE plpgsql AS $$
 -- before the locks were taken (a volatile function's statements take fresh snapshots).
 DECLARE h int;
 BEGIN
-  PERFORM set_config('lock_timeout', wait_ms, true);
-  PERFORM set_config('statement_timeout', wait_ms, true);
-  PERFORM set_config('synchronous_commit', sync, true);
+  IF wait_ms IS NOT NULL THEN  -- (NULL: the caller's own transaction, whose settings stay)
+    PERFORM set_config('lock_timeout', wait_ms, true);
+    PERFORM set_config('statement_timeout', wait_ms, true);
+    PERFORM set_config('synchronous_commit', sync, true);
+  END IF;
   FOR h IN SELECT DISTINCT hashtext(k) FROM unnest(tags) AS k ORDER BY 1 LOOP
     PERFORM pg_advisory_xact_lock(cls, h);
   END LOOP;

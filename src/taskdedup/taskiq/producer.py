@@ -16,6 +16,7 @@ whose Redis is the store's, the lock and the message are written by one script i
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from copy import copy
@@ -28,7 +29,7 @@ from taskiq.message import BrokerMessage, TaskiqMessage
 from taskiq.task import AsyncTaskiqTask
 from taskiq_redis import ListQueueBroker
 
-from .. import submission
+from .. import submission, transactions
 from ..decide import Step, Ticket, envelope
 from ..errors import StoreUnavailable
 from ..recent import RecentKeys
@@ -242,6 +243,11 @@ class Producer:
         if decision.step is not None:
             await self._acquire_and_push(decision, decision.step, message)
         elif not decision.deduplicated:
+            joined = transactions.current(self.mw.dedup.store)
+            if joined is not None:
+                # the lock is the caller's transaction's: the kick waits for its commit
+                joined.after_commit(functools.partial(self._publish, decision.taken, message))
+                return
             await self._publish(decision.taken, message)
 
     async def _publish(self, taken: Taken, message: BrokerMessage) -> None:

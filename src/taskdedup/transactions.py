@@ -41,6 +41,8 @@ class Transaction:
     def __init__(self, conn: Any, on_commit: Callable[[Publish], None] | None = None) -> None:
         self.conn = conn
         self.pending: list[Publish] = []
+        #: job ids whose locks this transaction took (unconfirmed until the commit publishes)
+        self.taken: set[str] = set()
         self._on_commit = on_commit
 
     def after_commit(self, publish: Publish) -> None:
@@ -84,9 +86,15 @@ def _django(store: Any) -> Transaction | None:
         if not conn.in_atomic_block or conn.connection is None:
             continue
         raw = conn.connection
-        if type(raw).__module__.startswith("psycopg.") and store.same_database(raw):
+        if type(raw).__module__.split(".")[0] == "psycopg" and store.same_database(raw):
+            block = conn.atomic_blocks[0] if conn.atomic_blocks else None
+            kept = getattr(conn, "_taskdedup_transaction", None)
+            if kept is not None and kept[0] is block:  # (the same outermost atomic block)
+                return kept[1]  # type: ignore[no-any-return]
             on_commit = functools.partial(django_transaction.on_commit, using=conn.alias)
-            return Transaction(raw, on_commit)
+            found = Transaction(raw, on_commit)
+            conn._taskdedup_transaction = (block, found)
+            return found
     return None
 
 
@@ -189,7 +197,7 @@ def _raw_and_block(target: Any) -> tuple[Any, Any]:
         if target.in_transaction():
             raise _nested(target)
         return target.connection.driver_connection, target.begin()
-    if type(target).__module__.startswith("psycopg"):
+    if type(target).__module__.split(".")[0] == "psycopg":
         if target.info.transaction_status != 0:  # (IDLE)
             raise _nested(target)
         return target, target.transaction()

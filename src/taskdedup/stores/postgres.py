@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
 import threading
@@ -33,6 +34,7 @@ from .. import transactions
 from ..errors import ConfigError, StoreUnavailable
 from .base import (
     Acquire,
+    AcquireReply,
     MarkTick,
     Op,
     Pace,
@@ -292,7 +294,7 @@ class PostgresStore(Store):
 
     def run(self, op: Op[R]) -> R:
         if type(op) in JOINS and (joined := transactions.current(self)) is not None:
-            return run_joined(self, joined.conn, op)
+            return run_joined(self, joined, op)
         extra: list[tuple[str, str]] = []
         reconnects = 1  # a pooled connection the server closed (a restart) fails at first use
         with _answering():
@@ -319,8 +321,8 @@ class PostgresStore(Store):
     async def arun(self, op: Op[R]) -> R:
         if type(op) in JOINS and (joined := transactions.current(self)) is not None:
             if isinstance(joined.conn, psycopg.AsyncConnection):
-                return await arun_joined(self, joined.conn, op)
-            return run_joined(self, joined.conn, op)
+                return await arun_joined(self, joined, op)
+            return run_joined(self, joined, op)
         extra: list[tuple[str, str]] = []
         reconnects = 1
         with _answering():
@@ -367,34 +369,48 @@ JOINS: frozenset[type[Any]] = frozenset(
 )
 
 
-def run_joined(store: PostgresStore, conn: psycopg.Connection[Any], op: Op[R]) -> R:
-    """``op`` in the caller's open transaction on ``conn``: its rows are written there, and
-    committed or rolled back with it. A database error is the caller's transaction's: it is
-    raised as it is (that transaction is aborted either way)."""
+def run_joined(store: PostgresStore, joined: transactions.Transaction, op: Op[R]) -> R:
+    """``op`` in the caller's open transaction: its rows are written there, and committed or
+    rolled back with it. A database error is the caller's transaction's: it is raised as it
+    is (that transaction is aborted either way)."""
+    store._ready_pool()  # (the schema is made on a connection of the store's own)
     extra: list[tuple[str, str]] = []
     while True:
         call = _Call(store, op, extra, joined=True)
         try:
-            rows = conn.execute(*call.opening()[0]).fetchall()
+            rows = joined.conn.execute(*call.opening()[0]).fetchall()
             for q, a in call.closing(rows):
-                conn.execute(q, a)
-            return cast(R, call.answer)
+                joined.conn.execute(q, a)
+            return cast(R, _ours(joined, call.answer))
         except Miss as miss:
             extra.append((miss.tag, miss.part))
 
 
-async def arun_joined(store: PostgresStore, conn: psycopg.AsyncConnection[Any], op: Op[R]) -> R:
+async def arun_joined(store: PostgresStore, joined: transactions.Transaction, op: Op[R]) -> R:
     """:func:`run_joined` on an asyncio connection."""
+    if not store._checked:
+        await asyncio.to_thread(store._ready_pool)
     extra: list[tuple[str, str]] = []
     while True:
         call = _Call(store, op, extra, joined=True)
         try:
-            rows = await (await conn.execute(*call.opening()[0])).fetchall()
+            rows = await (await joined.conn.execute(*call.opening()[0])).fetchall()
             for q, a in call.closing(rows):
-                await conn.execute(q, a)
-            return cast(R, call.answer)
+                await joined.conn.execute(q, a)
+            return cast(R, _ours(joined, call.answer))
         except Miss as miss:
             extra.append((miss.tag, miss.part))
+
+
+def _ours(joined: transactions.Transaction, reply: Any) -> Any:
+    """A lock this transaction took is unconfirmed until its commit publishes the job; to a
+    duplicate in the same transaction it is no pending holder: its job is the answer."""
+    if isinstance(reply, AcquireReply):
+        if reply.acquired:
+            joined.taken.add(reply.holder)
+        elif reply.pending and reply.holder in joined.taken:
+            return dataclasses.replace(reply, pending=False)
+    return reply
 
 
 def _where(conn: Any) -> tuple[Any, ...]:

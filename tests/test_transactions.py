@@ -122,11 +122,14 @@ def test_a_rolled_back_transaction_lets_the_waiting_enqueue_take_the_key(
     other: list[Any] = []
     thread = threading.Thread(target=lambda: inside.wait(10) and other.append(rebuild.delay("x")))
     thread.start()
-    with psycopg.connect(postgres_url) as conn:
-        with pytest.raises(RuntimeError), taskdedup.transaction(conn):
-            lost = rebuild.delay("x")
-            inside.set()
-            raise RuntimeError
+    with (
+        psycopg.connect(postgres_url) as conn,
+        pytest.raises(RuntimeError),
+        taskdedup.transaction(conn),
+    ):
+        lost = rebuild.delay("x")
+        inside.set()
+        raise RuntimeError
     thread.join(10)
     assert other and not other[0].deduplicated and other[0].id != lost.id
 
@@ -263,9 +266,11 @@ def django_settings(info: dict[str, Any]) -> None:
 def test_a_transaction_already_open_is_refused_with_what_to_do(postgres_url: str) -> None:
     with psycopg.connect(postgres_url) as conn:
         conn.execute("SELECT 1")  # (psycopg opened a transaction)
-        with pytest.raises(ConfigError, match="must open the transaction"):
-            with taskdedup.transaction(conn):
-                pass
+        with (
+            pytest.raises(ConfigError, match="must open the transaction"),
+            taskdedup.transaction(conn),
+        ):
+            pass
 
 
 KILLED_AFTER_COMMIT = """

@@ -45,7 +45,7 @@ from .base import (
     ReserveAll,
     Store,
 )
-from .postgres_schema import Queries, functions, postgres_schema
+from .postgres_schema import Queries, functions, postgres_schema, qualifier
 from .record_store import TRANSITIONS
 from .sql import PURGE_BATCH, SCHEMA_VERSION, Miss, Row, Rows, tables, wanted
 
@@ -133,6 +133,7 @@ class PostgresStore(Store):
         timeout: float = 5.0,
         prepare: bool = False,
         synchronous_commit: str = "off",
+        schema: str | None = None,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             raise ConfigError(
@@ -149,13 +150,13 @@ class PostgresStore(Store):
         self.issued = 0  # the last fencing token given (see Records.next_fence)
         self.writes = 0
         self.table, self.version_table = tables(key_prefix)
-        self.class_id = zlib.crc32(self.table.encode()) - 2**31  # the advisory locks' space
+        self.schema = schema  # (None: the connection's current schema, read on first use)
+        self.where = ""  # the schema, quoted, as it starts every name: see _locate
         self._pools: dict[int, psycopg_pool.ConnectionPool[Any]] = {}
         self._apools: dict[int, psycopg_pool.AsyncConnectionPool[Any]] = {}
         self._checked = False
         self._checking = threading.Lock()
         self._where: tuple[Any, ...] | None = None
-        self.sql = Queries(key_prefix)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresStore:
@@ -168,6 +169,7 @@ class PostgresStore(Store):
             "migrate": _flag,
             "prepare": _flag,
             "synchronous_commit": str,
+            "schema": str,
         }
         libpq = []
         for name, value in parse_qsl(parts.query):
@@ -197,7 +199,20 @@ class PostgresStore(Store):
                 open=True,
             )
             self._pools[os.getpid()] = pool
+            if not self.where:
+                self._locate(pool)
         return pool
+
+    def _locate(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:
+        """Name our tables and functions with their schema (``schema``, else the one the
+        store's connections create in), so any session finds them, whatever its path."""
+        if self.schema is None:
+            with pool.connection() as conn, _answering():
+                row = conn.execute("SELECT current_schema()").fetchone()
+            self.schema = str(row[0]) if row and row[0] else "public"
+        self.where = qualifier(self.schema)
+        self.class_id = zlib.crc32((self.where + self.table).encode()) - 2**31  # locks' space
+        self.sql = Queries(self.prefix, self.where)
 
     def _ready_pool(self) -> psycopg_pool.ConnectionPool[Any]:
         """The pool, once the schema was found current (or made so) in this process."""
@@ -243,10 +258,11 @@ class PostgresStore(Store):
     def schema_version(self, pool: psycopg_pool.ConnectionPool[Any] | None = None) -> int:
         """The schema version of this prefix's tables (0: none)."""
         with (pool or self._pool()).connection() as conn, _answering():
-            found = conn.execute("SELECT to_regclass(%s)", (self.version_table,)).fetchone()
+            version = self.where + self.version_table
+            found = conn.execute("SELECT to_regclass(%s)", (version,)).fetchone()
             if found is None or found[0] is None:
                 return 0
-            row = conn.execute(f"SELECT max(version) FROM {self.version_table}").fetchone()
+            row = conn.execute(f"SELECT max(version) FROM {version}").fetchone()
             return int(row[0] or 0) if row else 0
 
     def migrate(self, pool: psycopg_pool.ConnectionPool[Any] | None = None) -> int:
@@ -254,11 +270,12 @@ class PostgresStore(Store):
         each other); answers the schema version now."""
         with (pool or self._pool()).connection() as conn, _answering(), conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self.class_id,))
-            for statement in postgres_schema(self.prefix):
+            for statement in postgres_schema(self.prefix, self.where):
                 conn.execute(statement)
+            version = self.where + self.version_table
             conn.execute(
-                f"INSERT INTO {self.version_table} (version) SELECT %s WHERE NOT EXISTS "
-                f"(SELECT 1 FROM {self.version_table} WHERE version >= %s)",
+                f"INSERT INTO {version} (version) SELECT %s WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {version} WHERE version >= %s)",
                 (SCHEMA_VERSION, SCHEMA_VERSION),
             )
         return SCHEMA_VERSION
@@ -277,8 +294,9 @@ class PostgresStore(Store):
     def drop_tables(self) -> None:
         """Drop this prefix's tables (tests, and removing taskdedup)."""
         with self._pool().connection() as conn, _answering():
-            conn.execute(f"DROP TABLE IF EXISTS {self.table}, {self.version_table}")
-            for function in functions(self.prefix):
+            tables_ = f"{self.where}{self.table}, {self.where}{self.version_table}"
+            conn.execute(f"DROP TABLE IF EXISTS {tables_}")
+            for function in functions(self.prefix, self.where):
                 conn.execute(f"DROP FUNCTION IF EXISTS {function}")
             conn.commit()
 

@@ -12,18 +12,24 @@ from __future__ import annotations
 from .sql import schema, tables
 
 
-def functions(key_prefix: str) -> tuple[str, str]:
+def qualifier(schema_name: str) -> str:
+    """``"name".``: what starts every name of ours, so that a session with another search
+    path (a caller's transaction we join: a tenant's schema, a test's) finds them."""
+    return '"' + schema_name.replace('"', '""') + '".'
+
+
+def functions(key_prefix: str, where: str = "") -> tuple[str, str]:
     """The names of the open and save functions of ``key_prefix``."""
-    base = tables(key_prefix)[0].removesuffix("_records")
+    base = where + tables(key_prefix)[0].removesuffix("_records")
     return base + "_open", base + "_save"
 
 
-def postgres_schema(key_prefix: str) -> list[str]:
+def postgres_schema(key_prefix: str, where: str) -> list[str]:
     """Every statement of the current schema, each safe to run again."""
-    t = tables(key_prefix)[0]
-    open_, save = functions(key_prefix)
+    t = where + tables(key_prefix)[0]
+    open_, save = functions(key_prefix, where)
     return [
-        *schema(key_prefix),
+        *schema(key_prefix, where=where),
         f"""CREATE OR REPLACE FUNCTION {open_}(cls int, tags text[], jtags text[],
     jparts text[], wait_ms text, sync text)
 RETURNS TABLE (o_tag text, o_part text, o_body text, o_expires bigint)
@@ -79,9 +85,9 @@ END $$""",
 class Queries:
     """The statements an operation sends (the functions above do the work)."""
 
-    def __init__(self, key_prefix: str) -> None:
-        t = tables(key_prefix)[0]
-        open_, save = functions(key_prefix)
+    def __init__(self, key_prefix: str, where: str) -> None:
+        t = where + tables(key_prefix)[0]
+        open_, save = functions(key_prefix, where)
         self.open = f"SELECT * FROM {open_}(%s, %s::text[], %s::text[], %s::text[], %s, %s)"
         self.save = (
             f"SELECT {save}(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "

@@ -55,14 +55,15 @@ def tables(key_prefix: str) -> tuple[str, str]:
     return base + "_records", base + "_schema"
 
 
-def schema(key_prefix: str, bigint: str = "BIGINT") -> list[str]:
-    """The statements of schema version 1, each safe to run again."""
+def schema(key_prefix: str, bigint: str = "BIGINT", where: str = "") -> list[str]:
+    """The statements of schema version 1, each safe to run again; ``where`` qualifies the
+    tables (``"public".``), for a database whose sessions may have other search paths."""
     records, version = tables(key_prefix)
     return [
-        f"CREATE TABLE IF NOT EXISTS {records} (tag TEXT NOT NULL, part TEXT NOT NULL, "
+        f"CREATE TABLE IF NOT EXISTS {where}{records} (tag TEXT NOT NULL, part TEXT NOT NULL, "
         f"body TEXT NOT NULL, expires_at {bigint} NOT NULL, PRIMARY KEY (tag, part))",
-        f"CREATE INDEX IF NOT EXISTS {records}_expires ON {records} (expires_at)",
-        f"CREATE TABLE IF NOT EXISTS {version} (version INTEGER NOT NULL)",
+        f"CREATE INDEX IF NOT EXISTS {records}_expires ON {where}{records} (expires_at)",
+        f"CREATE TABLE IF NOT EXISTS {where}{version} (version INTEGER NOT NULL)",
     ]
 
 

@@ -141,7 +141,7 @@ class PostgresHarness(RedisHarness):
         with self.postgres._pool().connection() as conn:
             rows = conn.execute(
                 f"SELECT tag, part, expires_at - (extract(epoch FROM clock_timestamp()) * 1000)"
-                f"::bigint FROM {self.postgres.table}"
+                f"::bigint FROM {self.postgres.where}{self.postgres.table}"
             ).fetchall()
         return {f"{self.prefix}:{{{t}}}:{p}": left for t, p, left in rows if left > 0}
 

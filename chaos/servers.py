@@ -190,7 +190,7 @@ class PostgresServer:
     """
 
     stalls = False
-    durability = "PostgreSQL, fast shutdown (committed transactions kept)"
+    durability = "fast shutdown, committed transactions kept"
 
     def __init__(self, name: str) -> None:
         self.name = name

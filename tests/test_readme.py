@@ -20,7 +20,14 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
-def test_readme_snippets_run_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def test_readme_snippets_run_in_order(
+    monkeypatch: pytest.MonkeyPatch, postgres_url: str, key_prefix: str
+) -> None:
+    """The snippets that need PostgreSQL (the SQL store's transactional enqueue) get the
+    tests' one, under a key prefix of the test's own."""
     assert len(SNIPPETS) >= 8
     for name in list(os.environ):
         if name.startswith("TASKDEDUP_"):
@@ -37,7 +44,16 @@ def test_readme_snippets_run_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
         code = code.replace(
             "from taskiq_redis import ListQueueBroker", "from taskiq import InMemoryBroker"
         )
+        on_postgres = POSTGRES in code
+        if on_postgres:
+            code = code.replace(POSTGRES, postgres_url)
+            monkeypatch.setenv("TASKDEDUP_URL", postgres_url)
+            monkeypatch.setenv("TASKDEDUP_KEY_PREFIX", key_prefix)
         try:
             exec(compile(code, f"README.md snippet {index}", "exec"), namespace)
         except Exception as exc:
             raise AssertionError(f"README snippet {index} failed: {exc!r}\n{snippet}") from exc
+        finally:
+            if on_postgres:
+                monkeypatch.setenv("TASKDEDUP_URL", "memory://")
+                monkeypatch.delenv("TASKDEDUP_KEY_PREFIX")

@@ -193,3 +193,21 @@ def test_a_key_prefix_names_its_own_tables(postgres_url: str) -> None:
     finally:
         store.drop_tables()
         store.close()
+
+
+def test_the_printed_migration_run_by_hand_is_what_the_store_needs(
+    postgres_url: str, key_prefix: str
+) -> None:
+    """A team's own migration (``taskdedup migrate --sql``, run as it is) satisfies a store
+    that is told not to migrate."""
+    printed = CliRunner().invoke(cli, ["migrate", "--sql", "--prefix", key_prefix])
+    assert printed.exit_code == 0, printed.output
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        for statement in printed.output.split(";\n\n"):
+            if statement.strip():
+                conn.execute(statement)
+    store = PostgresStore(postgres_url, key_prefix=key_prefix, migrate=False)
+    try:
+        assert store.run(Acquire("k", "j", HOUR, HOUR)).acquired
+    finally:
+        store.close()

@@ -68,6 +68,13 @@ def current(store: Any) -> Transaction | None:
     Django's atomic block on the store's database; None: the store's own transactions."""
     found = _CURRENT.get()
     if found is not None:
+        if not (hasattr(store, "same_database") and store.same_database(found.conn)):
+            raise ConfigError(
+                f"taskdedup.transaction(): the store ({type(store).__name__}) is not the "
+                "database of this connection, so the job's lock cannot be written in its "
+                "transaction; set the taskdedup url to that PostgreSQL database, or enqueue "
+                "outside the block"
+            )
         return found
     if "django.db" in sys.modules and hasattr(store, "same_database"):
         return _django(store)

@@ -146,10 +146,21 @@ def stats(ctx: click.Context) -> None:
 @cli.command()
 @click.option("--url", "own_url", help="The SQL store's URL (else the group's target).")
 @click.option("--prefix", "own_prefix", help="With --url: the key prefix (default taskdedup).")
+@click.option("--sql", "print_sql", is_flag=True, help="Print PostgreSQL's statements; run none.")
+@click.option("--schema", default="public", show_default=True, help="With --sql: the schema.")
 @click.pass_context
-def migrate(ctx: click.Context, own_url: str | None, own_prefix: str | None) -> None:
+def migrate(
+    ctx: click.Context, own_url: str | None, own_prefix: str | None, print_sql: bool, schema: str
+) -> None:
     """Create or upgrade a SQL store's tables (PostgreSQL, SQLite); safe to run again, and
-    from several hosts at once."""
+    from several hosts at once. ``--sql`` prints the PostgreSQL statements instead, for a
+    migration of your own (Django RunSQL, Alembic op.execute)."""
+    if print_sql:
+        from ..stores.postgres_schema import migration
+
+        for statement in migration(own_prefix or "taskdedup", schema):
+            click.echo(statement.rstrip() + ";\n")
+        return
     store = _sql_store(ctx, own_url, own_prefix)
     version = store.migrate()
     click.echo(f"{store.table}: schema version {version}")

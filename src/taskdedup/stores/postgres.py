@@ -45,7 +45,7 @@ from .base import (
     ReserveAll,
     Store,
 )
-from .postgres_schema import Queries, functions, postgres_schema, qualifier
+from .postgres_schema import Queries, functions, migration, qualifier
 from .record_store import TRANSITIONS
 from .sql import PURGE_BATCH, SCHEMA_VERSION, Miss, Row, Rows, tables, wanted
 
@@ -270,14 +270,9 @@ class PostgresStore(Store):
         each other); answers the schema version now."""
         with (pool or self._pool()).connection() as conn, _answering(), conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self.class_id,))
-            for statement in postgres_schema(self.prefix, self.where):
+            assert self.schema is not None  # (located with the pool)
+            for statement in migration(self.prefix, self.schema):
                 conn.execute(statement)
-            version = self.where + self.version_table
-            conn.execute(
-                f"INSERT INTO {version} (version) SELECT %s WHERE NOT EXISTS "
-                f"(SELECT 1 FROM {version} WHERE version >= %s)",
-                (SCHEMA_VERSION, SCHEMA_VERSION),
-            )
         return SCHEMA_VERSION
 
     def purge(self, batch: int = 10_000) -> int:

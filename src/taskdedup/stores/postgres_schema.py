@@ -9,7 +9,7 @@ fine), where a fresh statement is planned on every call (about 0.6 ms of an oper
 
 from __future__ import annotations
 
-from .sql import schema, tables
+from .sql import SCHEMA_VERSION, schema, tables
 
 
 def qualifier(schema_name: str) -> str:
@@ -79,6 +79,19 @@ BEGIN
       WHERE expires_at <= purge_before LIMIT purge_n FOR UPDATE SKIP LOCKED));
   END IF;
 END $$""",
+    ]
+
+
+def migration(key_prefix: str = "taskdedup", schema_name: str = "public") -> list[str]:
+    """What ``taskdedup migrate`` runs, for a team that runs its own migrations (a Django
+    ``RunSQL`` of each, an Alembic ``op.execute`` of each): the table, its index, the two
+    functions and the version row. Idempotent; then give the store ``migrate=0``."""
+    where = qualifier(schema_name)
+    version = where + tables(key_prefix)[1]
+    return [
+        *postgres_schema(key_prefix, where),
+        f"INSERT INTO {version} (version) SELECT {SCHEMA_VERSION} WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {version} WHERE version >= {SCHEMA_VERSION})",
     ]
 
 

@@ -53,8 +53,12 @@ CLASSES_ABOVE: dict[str, int] = {}
 #: beat's apply_async/is_due/reserve (an interval entry kept to the grid, a crontab's due
 #: time, an entry's overlap option) +51, taskiq's on_ready and ScheduledTask's cron/interval/
 #: time +35. Stacked caps: a second ``@reserve`` adds its cap (declare.stack_caps) +2, +5.
-ADAPTERS_ABOVE = {"taskdedup.celery": 1763, "taskdedup.taskiq": 1225}
-ADAPTER_TARGETS = {"taskdedup.celery": 1763, "taskdedup.taskiq": 1225}
+#: Issue 28's enqueue in the caller's transaction: whether the call joins one, and the lock's
+#: operations on the caller's connection, are the core's (transactions.py, the store), but
+#: only the adapter can hold its framework's publish until the commit: +9 (Celery's publish
+#: split from its answer), +6 (taskiq's kick).
+ADAPTERS_ABOVE = {"taskdedup.celery": 1772, "taskdedup.taskiq": 1231}
+ADAPTER_TARGETS = {"taskdedup.celery": 1772, "taskdedup.taskiq": 1231}
 
 
 def modules() -> dict[str, Path]:

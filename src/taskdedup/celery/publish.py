@@ -126,24 +126,15 @@ class Publisher:
         if taken.start_in is not None:  # @pace: a later start than the call asked for
             options.pop("eta", None)
             options["countdown"] = taken.start_in
+        sent = functools.partial(self._publish, taken, call, publish, name, args, kwargs, options)
         joined = None if call.retry else transactions.current(integ.dedup.store)
-        if joined is not None:  # the lock is the caller's transaction's: publish on commit
-            later = functools.partial(self._publish, taken, call, publish, name, args, kwargs)
-            joined.after_commit(functools.partial(later, options))
-            return self.existing(call.job_id, options)
-        return self._publish(taken, call, publish, name, args, kwargs, options)
+        if joined is None:
+            return sent()
+        joined.after_commit(sent)  # the lock is in the caller's transaction: publish on commit
+        return self.existing(call.job_id, options)
 
-    def _publish(
-        self,
-        taken: Taken,
-        call: Call,
-        publish: Callable[..., Any],
-        name: str,
-        args: Any,
-        kwargs: Any,
-        options: dict[str, Any],
-    ) -> Any:
-        integ = self.integration
+    def _publish(self, taken: Taken, call: Call, publish: Callable[..., Any], *sent: Any) -> Any:
+        integ, (name, args, kwargs, options) = self.integration, sent
         try:
             result = publish(name, args, kwargs, **options)
         except BaseException:  # the publish failed: give back what was taken (G5); a retry's

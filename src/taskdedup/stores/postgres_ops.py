@@ -1,0 +1,253 @@
+"""How PostgresStore runs an operation: in a transaction of its own (two round trips in
+psycopg's pipeline mode) or in the caller's open transaction (see ``transactions.py``).
+
+Round trip 1 begins, takes the operation's keys' advisory locks, reads the clock and the rows
+(the ``<prefix>_open`` function); the shared transition runs on them here; round trip 2 writes
+what changed (``<prefix>_save``) and commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import psycopg
+import psycopg.errors
+import psycopg_pool
+
+from .. import transactions
+from ..errors import StoreUnavailable
+from .base import (
+    Acquire,
+    AcquireReply,
+    MarkTick,
+    Op,
+    Pace,
+    Peek,
+    R,
+    Remember,
+    Reserve,
+    ReserveAll,
+)
+from .record_store import TRANSITIONS
+from .sql import PURGE_BATCH, Miss, Row, Rows, wanted
+
+if TYPE_CHECKING:
+    from .postgres_schema import Queries
+
+
+class PostgresStore(Protocol):
+    """What an operation needs of the store (``postgres.PostgresStore``)."""
+
+    prefix: str
+    history: bool
+    issued: int
+    class_id: int
+    timeout_ms: int
+    synchronous_commit: str
+    sql: Queries
+    _checked: bool
+
+    def purge_due(self) -> bool: ...
+
+    def _ready_pool(self) -> psycopg_pool.ConnectionPool[Any]: ...
+
+    async def _apool(self) -> psycopg_pool.AsyncConnectionPool[Any]: ...
+
+
+#: Errors that mean "the database cannot answer now" (G5), not a bug in a request.
+_UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, OSError)
+#: Errors after which the same transaction, run again, may well succeed.
+_AGAIN = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+#: One write transaction in this many also purges a batch of expired rows.
+PURGE_EVERY = 64
+
+
+class _Call:
+    """One operation's transaction: the statements of both round trips, and its answer."""
+
+    def __init__(
+        self, store: PostgresStore, op: Op[Any], extra: list[tuple[str, str]], joined: bool = False
+    ) -> None:
+        self.store, self.op, self.joined = store, op, joined
+        plan = wanted(op)
+        self.everything = plan is None
+        tags, jobs = plan or ([], [])
+        self.tags = sorted({*tags, *(t for t, _ in extra)})
+        self.jobs = {*jobs, *extra}
+        self.answer: Any = None
+        self.wrote = False  # its writes (or commit) went out: the outcome is the database's
+
+    def opening(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """Round trip 1: begin (on an autocommit connection: psycopg's own BEGIN would cost a
+        round trip of its own), then lock the keys, read the clock and the rows."""
+        s = self.store
+        if self.everything:
+            return [("BEGIN", ()), (s.sql.all, ())]
+        jobs = sorted(self.jobs)
+        jtags, jparts = [t for t, _ in jobs], [p for _, p in jobs]
+        if self.joined:  # the caller's transaction: no BEGIN, and its settings left alone
+            return [(s.sql.open, (s.class_id, self.tags, jtags, jparts, None, None))]
+        args = (s.class_id, self.tags, jtags, jparts, str(s.timeout_ms), s.synchronous_commit)
+        return [("BEGIN", ()), (s.sql.open, args)]
+
+    def _load(self, tag: str, part: str) -> Row | None:
+        if (tag, part) in self.jobs or (tag in self.tags and not part.startswith("job:")):
+            return None  # read in round trip 1, and not there
+        raise Miss(tag, part)
+
+    def closing(self, read: list[Row]) -> list[tuple[str, tuple[Any, ...]]]:
+        """Run the transition on what round trip 1 read (the clock first, then the rows);
+        round trip 2: the writes (the commit follows them)."""
+        s = self.store
+        now_us, rows = int(read[0][3]), read[1:]
+        records = Rows(s.prefix, now_us, rows, self._load, everything=self.everything)
+        records.history, records.issued = s.history, s.issued
+        self.answer = TRANSITIONS[type(self.op)](self.op, records)
+        s.issued = records.issued
+        writes, deletes = records.changes()
+        if self.everything:
+            return []  # the tools' scans write nothing (expired rows are the purge's)
+        if not writes and not deletes:
+            return []  # (read only: safe to run again on a new connection)
+        self.wrote = True  # from here on, whether it was committed is the database's to say
+        purge = PURGE_BATCH if s.purge_due() else 0
+        wt, wp, wb, we = ([row[i] for row in writes] for i in range(4))
+        dt, dp = [t for t, _ in deletes], [p for _, p in deletes]
+        return [(s.sql.save, (wt, wp, wb, we, dt, dp, now_us // 1000, purge))]
+
+
+JOINS: frozenset[type[Any]] = frozenset(
+    (Acquire, Peek, Remember, Reserve, ReserveAll, Pace, MarkTick)
+)
+
+
+def run_own(store: PostgresStore, op: Op[R]) -> R:
+    """``op`` in a transaction of the store's own: two round trips, retried on a deadlock or
+    a serialization failure, and once on a new connection when a pooled one the server had
+    closed (a restart) fails before anything was written."""
+    extra: list[tuple[str, str]] = []
+    reconnects = 1
+    with _answering():
+        for attempt in range(8):
+            call = _Call(store, op, extra)
+            try:
+                pool = store._ready_pool()
+                with pool.connection() as conn, _rolled_back(conn), conn.pipeline():
+                    rows = [conn.execute(q, a) for q, a in call.opening()][1].fetchall()
+                    for q, a in call.closing(rows):
+                        conn.execute(q, a)
+                    conn.execute("COMMIT")
+                return cast(R, call.answer)
+            except Miss as miss:
+                extra.append((miss.tag, miss.part))
+            except _AGAIN:
+                time.sleep(random.uniform(0, 0.002 * 2**attempt))
+            except psycopg.OperationalError:
+                if call.wrote or not reconnects:
+                    raise  # the writes may have been committed: not ours to send twice
+                reconnects -= 1
+    raise StoreUnavailable(f"PostgreSQL: {type(op).__name__} kept meeting conflicts")
+
+
+async def arun_own(store: PostgresStore, op: Op[R]) -> R:
+    """:func:`run_own` on the store's asyncio pool of the running event loop."""
+    extra: list[tuple[str, str]] = []
+    reconnects = 1
+    with _answering():
+        for attempt in range(8):
+            call = _Call(store, op, extra)
+            try:
+                async with (await store._apool()).connection() as conn:
+                    try:
+                        async with conn.pipeline():
+                            opened = [await conn.execute(q, a) for q, a in call.opening()]
+                            for q, a in call.closing(await opened[1].fetchall()):
+                                await conn.execute(q, a)
+                            await conn.execute("COMMIT")
+                    except BaseException:
+                        with contextlib.suppress(psycopg.Error):
+                            await conn.execute("ROLLBACK")
+                        raise
+                return cast(R, call.answer)
+            except Miss as miss:
+                extra.append((miss.tag, miss.part))
+            except _AGAIN:
+                await asyncio.sleep(random.uniform(0, 0.002 * 2**attempt))
+            except psycopg.OperationalError:
+                if call.wrote or not reconnects:
+                    raise
+                reconnects -= 1
+    raise StoreUnavailable(f"PostgreSQL: {type(op).__name__} kept meeting conflicts")
+
+
+def run_joined(store: PostgresStore, joined: transactions.Transaction, op: Op[R]) -> R:
+    """``op`` in the caller's open transaction: its rows are written there, and committed or
+    rolled back with it. A database error is the caller's transaction's: it is raised as it
+    is (that transaction is aborted either way)."""
+    store._ready_pool()  # (the schema is made on a connection of the store's own)
+    extra: list[tuple[str, str]] = []
+    while True:
+        call = _Call(store, op, extra, joined=True)
+        try:
+            rows = joined.conn.execute(*call.opening()[0]).fetchall()
+            for q, a in call.closing(rows):
+                joined.conn.execute(q, a)
+            return cast(R, _ours(joined, call.answer))
+        except Miss as miss:
+            extra.append((miss.tag, miss.part))
+
+
+async def arun_joined(store: PostgresStore, joined: transactions.Transaction, op: Op[R]) -> R:
+    """:func:`run_joined` on an asyncio connection."""
+    if not store._checked:
+        await asyncio.to_thread(store._ready_pool)
+    extra: list[tuple[str, str]] = []
+    while True:
+        call = _Call(store, op, extra, joined=True)
+        try:
+            rows = await (await joined.conn.execute(*call.opening()[0])).fetchall()
+            for q, a in call.closing(rows):
+                await joined.conn.execute(q, a)
+            return cast(R, _ours(joined, call.answer))
+        except Miss as miss:
+            extra.append((miss.tag, miss.part))
+
+
+def _ours(joined: transactions.Transaction, reply: Any) -> Any:
+    """A lock this transaction took is unconfirmed until its commit publishes the job; to a
+    duplicate in the same transaction it is no pending holder: its job is the answer."""
+    if isinstance(reply, AcquireReply):
+        if reply.acquired:
+            joined.taken.add(reply.holder)
+        elif reply.pending and reply.holder in joined.taken:
+            return dataclasses.replace(reply, pending=False)
+    return reply
+
+
+@contextlib.contextmanager
+def _rolled_back(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Roll back the transaction an operation left open (its statement failed, or the
+    transition asked for a row it had not read), before the connection goes back."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("ROLLBACK")
+        raise
+
+
+@contextlib.contextmanager
+def _answering() -> Iterator[None]:
+    """Raise StoreUnavailable for a database that cannot answer now (G5); a bug raises as is."""
+    try:
+        yield
+    except _AGAIN:
+        raise
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(f"PostgreSQL did not answer: {exc}") from exc

@@ -129,8 +129,8 @@ class PostgresStore(Store):
                 open=True,
             )
             self._pools[os.getpid()] = pool
-            if not self.where:
-                self._locate(pool)
+        if not self.where:  # (until it could be read: the database may be down at first)
+            self._locate(pool)
         return pool
 
     def _locate(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:

@@ -37,7 +37,9 @@ def cli(
 
 
 def target(ctx: click.Context) -> Target:
-    return ctx.obj()  # type: ignore[no-any-return]
+    found: Target = ctx.obj()
+    ctx.call_on_close(found.store.close)  # (a SQL store's pool: closed, not left to the GC)
+    return found
 
 
 @cli.command()
@@ -182,6 +184,7 @@ def _sql_store(ctx: click.Context, url: str | None, prefix: str | None) -> Any:
 
     if url is not None:
         store = from_url(url, key_prefix=prefix or "taskdedup")
+        ctx.call_on_close(store.close)
     else:
         store = target(ctx).store
     if not hasattr(store, "migrate"):

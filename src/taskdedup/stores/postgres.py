@@ -74,6 +74,14 @@ class PostgresStore(Store):
         self.timeout_ms = int(timeout * 1000)
         self.synchronous_commit = synchronous_commit
         self.connect_kwargs: dict[str, Any] = {
+            # a peer that vanished (a partition, a dead host) is given up after ``timeout``;
+            # a server that is up but never answers holds the call until it does (no deadline
+            # of psycopg's own)
+            "keepalives": 1,
+            "keepalives_idle": max(1, int(timeout)),
+            "keepalives_interval": 1,
+            "keepalives_count": 3,
+            "tcp_user_timeout": self.timeout_ms,
             "prepare_threshold": 5 if prepare else None,
             "autocommit": True,  # each operation sends its own BEGIN and COMMIT (see _Call)
         }
@@ -85,7 +93,7 @@ class PostgresStore(Store):
         self._pools: dict[int, psycopg_pool.ConnectionPool[Any]] = {}
         self._apools: dict[int, psycopg_pool.AsyncConnectionPool[Any]] = {}
         self._checked = False
-        self._checking = threading.Lock()
+        self._checking = threading.RLock()
         self._where: tuple[Any, ...] | None = None
 
     @classmethod
@@ -119,18 +127,23 @@ class PostgresStore(Store):
     def _pool(self) -> psycopg_pool.ConnectionPool[Any]:
         pool = self._pools.get(os.getpid())
         if pool is None:
-            self._pools.clear()  # the parent's, inherited through fork: not ours to close
-            pool = psycopg_pool.ConnectionPool(
-                self.conninfo,
-                min_size=1,
-                max_size=self.pool_size,
-                kwargs=self.connect_kwargs,
-                timeout=self.timeout,
-                open=True,
-            )
-            self._pools[os.getpid()] = pool
+            with self._checking:  # (threads racing to the first call make one pool)
+                pool = self._pools.get(os.getpid()) or self._new_pool()
         if not self.where:  # (until it could be read: the database may be down at first)
             self._locate(pool)
+        return pool
+
+    def _new_pool(self) -> psycopg_pool.ConnectionPool[Any]:
+        self._pools.clear()  # the parent's, inherited through fork: not ours to close
+        pool = psycopg_pool.ConnectionPool(
+            self.conninfo,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs=self.connect_kwargs,
+            timeout=self.timeout,
+            open=True,
+        )
+        self._pools[os.getpid()] = pool
         return pool
 
     def _locate(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:

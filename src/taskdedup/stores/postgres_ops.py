@@ -55,6 +55,8 @@ class PostgresStore(Protocol):
 
     def purge_due(self) -> bool: ...
 
+    def _pool(self) -> psycopg_pool.ConnectionPool[Any]: ...
+
     def _ready_pool(self) -> psycopg_pool.ConnectionPool[Any]: ...
 
     async def _apool(self) -> psycopg_pool.AsyncConnectionPool[Any]: ...
@@ -127,6 +129,34 @@ JOINS: frozenset[type[Any]] = frozenset(
 )
 
 
+def one_statement(op: Op[Any]) -> bool:
+    """Whether ``op`` is an acquire the ``<prefix>_acquire`` function answers in one
+    statement: an enqueue with no debounce, no cancel and no payload (most of them)."""
+    return type(op) is Acquire and not (op.debounce_ms or op.cancel or op.payload is not None)
+
+
+def acquire_args(store: PostgresStore, op: Acquire, joined: bool) -> tuple[Any, ...]:
+    wait, sync = (None, None) if joined else (str(store.timeout_ms), store.synchronous_commit)
+    purge = PURGE_BATCH if store.purge_due() else 0
+    counted, task = op.record_duplicate, op.task
+    return (
+        store.class_id,
+        op.key,
+        op.job_id,
+        op.ttl_ms,
+        op.grace_ms,
+        counted,
+        task,
+        wait,
+        sync,
+        purge,
+    )
+
+
+def acquired(row: Any) -> AcquireReply:
+    return AcquireReply(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5])
+
+
 def run_own(store: PostgresStore, op: Op[R]) -> R:
     """``op`` in a transaction of the store's own: two round trips, retried on a deadlock or
     a serialization failure, and once on a new connection when a pooled one the server had
@@ -138,6 +168,10 @@ def run_own(store: PostgresStore, op: Op[R]) -> R:
             call = _Call(store, op, extra)
             try:
                 pool = store._ready_pool()
+                if one_statement(op):  # one round trip: its own transaction (autocommit)
+                    with pool.connection() as conn:
+                        args = acquire_args(store, cast(Acquire, op), False)
+                        return cast(R, acquired(conn.execute(store.sql.acquire, args).fetchone()))
                 with pool.connection() as conn, _rolled_back(conn), conn.pipeline():
                     rows = [conn.execute(q, a) for q, a in call.opening()][1].fetchall()
                     for q, a in call.closing(rows):
@@ -152,6 +186,7 @@ def run_own(store: PostgresStore, op: Op[R]) -> R:
                 if call.wrote or not reconnects:
                     raise  # the writes may have been committed: not ours to send twice
                 reconnects -= 1
+                store._pool().check()  # the server restarted: drop every dead connection
     raise StoreUnavailable(f"PostgreSQL: {type(op).__name__} kept meeting conflicts")
 
 
@@ -164,6 +199,10 @@ async def arun_own(store: PostgresStore, op: Op[R]) -> R:
             call = _Call(store, op, extra)
             try:
                 async with (await store._apool()).connection() as conn:
+                    if one_statement(op):
+                        args = acquire_args(store, cast(Acquire, op), False)
+                        row = await (await conn.execute(store.sql.acquire, args)).fetchone()
+                        return cast(R, acquired(row))
                     try:
                         async with conn.pipeline():
                             opened = [await conn.execute(q, a) for q, a in call.opening()]
@@ -183,6 +222,7 @@ async def arun_own(store: PostgresStore, op: Op[R]) -> R:
                 if call.wrote or not reconnects:
                     raise
                 reconnects -= 1
+                await (await store._apool()).check()
     raise StoreUnavailable(f"PostgreSQL: {type(op).__name__} kept meeting conflicts")
 
 
@@ -191,6 +231,11 @@ def run_joined(store: PostgresStore, joined: transactions.Transaction, op: Op[R]
     rolled back with it. A database error is the caller's transaction's: it is raised as it
     is (that transaction is aborted either way)."""
     store._ready_pool()  # (the schema is made on a connection of the store's own)
+    if one_statement(op):
+        args = acquire_args(store, cast(Acquire, op), True)
+        return cast(
+            R, _ours(joined, acquired(joined.conn.execute(store.sql.acquire, args).fetchone()))
+        )
     extra: list[tuple[str, str]] = []
     while True:
         call = _Call(store, op, extra, joined=True)
@@ -207,6 +252,10 @@ async def arun_joined(store: PostgresStore, joined: transactions.Transaction, op
     """:func:`run_joined` on an asyncio connection."""
     if not store._checked:
         await asyncio.to_thread(store._ready_pool)
+    if one_statement(op):
+        args = acquire_args(store, cast(Acquire, op), True)
+        row = await (await joined.conn.execute(store.sql.acquire, args)).fetchone()
+        return cast(R, _ours(joined, acquired(row)))
     extra: list[tuple[str, str]] = []
     while True:
         call = _Call(store, op, extra, joined=True)
@@ -247,6 +296,8 @@ def _answering() -> Iterator[None]:
     """Raise StoreUnavailable for a database that cannot answer now (G5); a bug raises as is."""
     try:
         yield
+    except StoreUnavailable:
+        raise  # (already said: not wrapped again)
     except _AGAIN:
         raise
     except _UNAVAILABLE as exc:

@@ -18,18 +18,67 @@ def qualifier(schema_name: str) -> str:
     return '"' + schema_name.replace('"', '""') + '".'
 
 
-def functions(key_prefix: str, where: str = "") -> tuple[str, str]:
-    """The names of the open and save functions of ``key_prefix``."""
+def functions(key_prefix: str, where: str = "") -> tuple[str, str, str]:
+    """The names of the open, save and acquire functions of ``key_prefix``."""
     base = where + tables(key_prefix)[0].removesuffix("_records")
-    return base + "_open", base + "_save"
+    return base + "_open", base + "_save", base + "_acquire"
 
 
 def postgres_schema(key_prefix: str, where: str) -> list[str]:
     """Every statement of the current schema, each safe to run again."""
     t = where + tables(key_prefix)[0]
-    open_, save = functions(key_prefix, where)
+    open_, save, acquire = functions(key_prefix, where)
     return [
         *schema(key_prefix, where=where),
+        f"""CREATE OR REPLACE FUNCTION {acquire}(cls int, k text, job text, ttl bigint,
+    grace bigint, counted boolean, task text, wait_ms text, sync text, purge_n int)
+RETURNS TABLE (o_acquired boolean, o_holder text, o_fence bigint, o_dups bigint,
+    o_pending boolean, o_running boolean)
+LANGUAGE plpgsql AS $$
+-- An enqueue's acquire in one statement (transitions.acquire's twin, for a call with no
+-- debounce, no cancel and no payload; the others take the open/save path): the key's lock,
+-- then its lock row read, counted as a duplicate or written as new.
+DECLARE
+  now_us bigint;
+  now_ms bigint;
+  b jsonb;
+  expires bigint;
+BEGIN
+  IF wait_ms IS NOT NULL THEN  -- (NULL: the caller's own transaction, whose settings stay)
+    PERFORM set_config('lock_timeout', wait_ms, true);
+    PERFORM set_config('statement_timeout', wait_ms, true);
+    PERFORM set_config('synchronous_commit', sync, true);
+  END IF;
+  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
+  now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+  now_ms := now_us / 1000;
+  IF purge_n > 0 THEN  -- a batch of expired rows, as <prefix>_save removes one
+    DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t}
+      WHERE expires_at <= now_ms LIMIT purge_n FOR UPDATE SKIP LOCKED));
+  END IF;
+  SELECT r.body::jsonb, r.expires_at INTO b, expires FROM {t} AS r
+    WHERE r.tag = k AND r.part = 'lock';
+  IF b IS NOT NULL AND expires > now_ms THEN
+    IF b->>'j' = job THEN  -- the holder again: no change
+      RETURN QUERY SELECT true, job, (b->>'f')::bigint, (b->>'d')::bigint, false, false;
+      RETURN;
+    END IF;
+    IF counted THEN  -- one more duplicate, the latest one's id kept
+      b := b || jsonb_build_object('d', (b->>'d')::bigint + 1, 'l', job);
+      UPDATE {t} AS r SET body = b::text WHERE r.tag = k AND r.part = 'lock';
+    END IF;
+    RETURN QUERY SELECT false, b->>'j', (b->>'f')::bigint, (b->>'d')::bigint,
+      b->>'s' = 'q' AND (b->>'c')::int = 0, b->>'s' = 'r';
+    RETURN;
+  END IF;
+  b := jsonb_build_object('j', job, 's', 'q', 'f', now_us, 'd', 0, 'e', now_ms + ttl,
+    'c', CASE WHEN grace >= ttl THEN 1 ELSE 0 END, 't', task, 'a', now_ms);
+  INSERT INTO {t} AS r (tag, part, body, expires_at)
+    VALUES (k, 'lock', b::text, now_ms + least(grace, ttl))
+    ON CONFLICT (tag, part) DO UPDATE SET body = excluded.body,
+      expires_at = excluded.expires_at;
+  RETURN QUERY SELECT true, job, now_us, 0::bigint, false, false;
+END $$""",
         f"""CREATE OR REPLACE FUNCTION {open_}(cls int, tags text[], jtags text[],
     jparts text[], wait_ms text, sync text)
 RETURNS TABLE (o_tag text, o_part text, o_body text, o_expires bigint)
@@ -100,7 +149,8 @@ class Queries:
 
     def __init__(self, key_prefix: str, where: str) -> None:
         t = where + tables(key_prefix)[0]
-        open_, save = functions(key_prefix, where)
+        open_, save, acquire = functions(key_prefix, where)
+        self.acquire = f"SELECT * FROM {acquire}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         self.open = f"SELECT * FROM {open_}(%s, %s::text[], %s::text[], %s::text[], %s, %s)"
         self.save = (
             f"SELECT {save}(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from taskdedup.stores import Store, from_url
+from taskdedup.stores import Store
 from taskdedup.stores.sql import tables
 from taskdedup.stores.sqlite import SqliteStore
 
@@ -51,10 +51,6 @@ class SqlStores:
         else:  # PostgreSQL: the tables and the functions of the prefix
             store.drop_tables()  # type: ignore[attr-defined]
         store.close()
-
-    def drop_prefix(self, kind: str, prefix: str) -> None:
-        """Drop the tables of ``prefix`` in the store of ``kind``."""
-        self.drop(from_url(self.url(kind), key_prefix=prefix))
 
 
 def postgres_url() -> str | None:
@@ -94,7 +90,7 @@ def sql_stores() -> Iterator[SqlStores]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def bare_write(kind: str, url: str, prefix: str) -> tuple[Any, str, Any]:
+def bare_write(kind: str, url: str, prefix: str) -> tuple[Any, str, str]:
     """A one-statement write on the store's database, the SQL stores' baseline row (as a
     bare ``SET NX PX`` is the Redis store's): an ``INSERT`` that does nothing on a conflict,
     autocommitted on one connection, with the store's own durability (PostgreSQL:

@@ -60,16 +60,29 @@ def test_an_enqueue_and_a_duplicate_take_one_round_trip_a_claim_and_a_finish_two
     proxied: tuple[PostgresStore, TurnsProxy],
 ) -> None:
     store, proxy = proxied
+    race(4, lambda i: store.run(Inspect("warm-up")))  # the pool's connections, open
     dedup = Deduplicator(store)
-    tickets = []
-    enqueue = proxy.count(lambda: tickets.append(dedup.enqueue(BUILD, ("abc",), job_id="j1")))
-    dedup.published(tickets[0])
-    dedup.confirmer.flush()  # (the confirmation goes out in a batch of its own)
-    duplicate = proxy.count(lambda: tickets.append(dedup.enqueue(BUILD, ("abc",), job_id="j2")))
-    assert tickets[1].deduplicated and tickets[1].job_id == "j1"
-    key = tickets[0].key
-    claim = proxy.count(lambda: store.run(Claim(key, "j1", "w", 30_000, HOUR, "hold", False, HOUR)))
-    finish = proxy.count(lambda: store.run(Finish(key, "j1", False, HOUR)))
+
+    def trips(n: int) -> tuple[int, ...]:
+        """One key's enqueue, duplicate, claim and finish, each counted. (A background
+        thread, the confirmer's or the pool's, can add a turn to a window, or the proxy's
+        threads be late to one: the count most of three runs agree on is the operation's.)"""
+        first = dedup.enqueue(BUILD, (f"abc{n}",), job_id=f"j{n}")
+        dedup.published(first)
+        dedup.confirmer.flush()  # (the confirmation goes out in a batch of its own)
+        enqueue = proxy.count(lambda: dedup.enqueue(BUILD, (f"new{n}",), job_id=f"n{n}"))
+        duplicate = proxy.count(lambda: dedup.enqueue(BUILD, (f"abc{n}",), job_id=f"d{n}"))
+        key, job = first.key, first.job_id
+        claim = Claim(key, job, "w", 30_000, HOUR, "hold", False, HOUR)  # type: ignore[arg-type]
+        claimed = proxy.count(lambda: store.run(claim))
+        finished = proxy.count(lambda: store.run(Finish(key, job, False, HOUR)))  # type: ignore[arg-type]
+        return enqueue, duplicate, claimed, finished
+
+    runs = [trips(n) for n in range(3)]
+    print("round trips per run:", runs)
+    enqueue, duplicate, claim, finish = (
+        max(each, key=each.count) for each in zip(*runs, strict=True)
+    )
     assert (enqueue, duplicate, claim, finish) == (1, 1, 2, 2)
 
 
@@ -173,6 +186,12 @@ def test_urls_make_the_sql_stores_with_their_options(postgres_url: str, tmp_path
     lite = from_url(f"sqlite:///{tmp_path}/t.db", key_prefix="p")
     assert isinstance(lite, SqliteStore) and lite.path == f"{tmp_path}/t.db"
     assert isinstance(from_url("sqlite://"), SqliteStore)
+    named = from_url(postgres_url + "?application_name=two%20words")
+    try:  # libpq's options pass through as they were written (a space stays a space)
+        with named._pool().connection() as conn:  # type: ignore[attr-defined]
+            assert conn.execute("SHOW application_name").fetchone() == ("two words",)
+    finally:
+        named.close()
 
 
 def test_a_sqlite_file_is_shared_by_processes_and_in_wal_mode(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg_pool
@@ -116,7 +116,8 @@ class PostgresStore(Store):
             else:
                 libpq.append((name, value))
         scheme = "postgresql" if parts.scheme.startswith("postgres") else parts.scheme
-        return cls(urlunsplit(parts._replace(scheme=scheme, query=urlencode(libpq))), **options)
+        query = urlencode(libpq, quote_via=quote)  # (libpq reads %20, never +, as a space)
+        return cls(urlunsplit(parts._replace(scheme=scheme, query=query)), **options)
 
     def purge_due(self) -> bool:
         self.writes += 1

@@ -130,30 +130,27 @@ JOINS: frozenset[type[Any]] = frozenset(
 
 
 def one_statement(op: Op[Any]) -> bool:
-    """Whether ``op`` is an acquire the ``<prefix>_acquire`` function answers in one
-    statement: an enqueue with no debounce, no cancel and no payload (most of them)."""
+    """Whether ``op`` is one the ``<prefix>_acquire`` function answers in one statement: a
+    peek, or an acquire with no debounce, no cancel and no payload (most enqueues)."""
+    if type(op) is Peek:
+        return True
     return type(op) is Acquire and not (op.debounce_ms or op.cancel or op.payload is not None)
 
 
-def acquire_args(store: PostgresStore, op: Acquire, joined: bool) -> tuple[Any, ...]:
+def acquire_args(store: PostgresStore, op: Acquire | Peek, joined: bool) -> tuple[Any, ...]:
     wait, sync = (None, None) if joined else (str(store.timeout_ms), store.synchronous_commit)
     purge = PURGE_BATCH if store.purge_due() else 0
+    if isinstance(op, Peek):
+        return (store.class_id, op.key, "", 0, 0, op.record_duplicate, "", wait, sync, 0, True)
     counted, task = op.record_duplicate, op.task
-    return (
-        store.class_id,
-        op.key,
-        op.job_id,
-        op.ttl_ms,
-        op.grace_ms,
-        counted,
-        task,
-        wait,
-        sync,
-        purge,
-    )
+    job, ttl, grace = op.job_id, op.ttl_ms, op.grace_ms
+    return (store.class_id, op.key, job, ttl, grace, counted, task, wait, sync, purge, False)
 
 
-def acquired(row: Any) -> AcquireReply:
+def acquired(row: Any) -> AcquireReply | None:
+    """The function's row as the reply (none: a peek found the key free)."""
+    if row is None:
+        return None
     return AcquireReply(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5])
 
 

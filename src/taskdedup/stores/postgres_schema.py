@@ -31,13 +31,15 @@ def postgres_schema(key_prefix: str, where: str) -> list[str]:
     return [
         *schema(key_prefix, where=where),
         f"""CREATE OR REPLACE FUNCTION {acquire}(cls int, k text, job text, ttl bigint,
-    grace bigint, counted boolean, task text, wait_ms text, sync text, purge_n int)
+    grace bigint, counted boolean, task text, wait_ms text, sync text, purge_n int,
+    peek boolean)
 RETURNS TABLE (o_acquired boolean, o_holder text, o_fence bigint, o_dups bigint,
     o_pending boolean, o_running boolean)
 LANGUAGE plpgsql AS $$
 -- An enqueue's acquire in one statement (transitions.acquire's twin, for a call with no
 -- debounce, no cancel and no payload; the others take the open/save path): the key's lock,
--- then its lock row read, counted as a duplicate or written as new.
+-- then its lock row read, counted as a duplicate or written as new. With peek, a look before
+-- the acquire (transitions.peek's twin): a free key answers no row and takes nothing.
 DECLARE
   now_us bigint;
   now_ms bigint;
@@ -58,6 +60,21 @@ BEGIN
   END IF;
   SELECT r.body::jsonb, r.expires_at INTO b, expires FROM {t} AS r
     WHERE r.tag = k AND r.part = 'lock';
+  IF b IS NOT NULL AND expires > now_ms AND peek THEN
+    IF b->>'s' = 'q' AND (b->>'c')::int = 0 THEN  -- a holder that may yet fail: not counted
+      RETURN QUERY SELECT false, b->>'j', (b->>'f')::bigint, (b->>'d')::bigint, true, false;
+      RETURN;
+    END IF;
+    IF counted THEN  -- (no job id was made for it)
+      b := b || jsonb_build_object('d', (b->>'d')::bigint + 1, 'l', '-');
+      UPDATE {t} AS r SET body = b::text WHERE r.tag = k AND r.part = 'lock';
+    END IF;
+    RETURN QUERY SELECT false, b->>'j', (b->>'f')::bigint, (b->>'d')::bigint, false, false;
+    RETURN;
+  END IF;
+  IF peek THEN
+    RETURN;  -- free: nothing taken
+  END IF;
   IF b IS NOT NULL AND expires > now_ms THEN
     IF b->>'j' = job THEN  -- the holder again: no change
       RETURN QUERY SELECT true, job, (b->>'f')::bigint, (b->>'d')::bigint, false, false;
@@ -150,7 +167,7 @@ class Queries:
     def __init__(self, key_prefix: str, where: str) -> None:
         t = where + tables(key_prefix)[0]
         open_, save, acquire = functions(key_prefix, where)
-        self.acquire = f"SELECT * FROM {acquire}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        self.acquire = f"SELECT * FROM {acquire}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         self.open = f"SELECT * FROM {open_}(%s, %s::text[], %s::text[], %s::text[], %s, %s)"
         self.save = (
             f"SELECT {save}(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "

@@ -87,3 +87,45 @@ def drop_prefix(url: str, prefix: str) -> None:
         store.drop_tables()
     finally:
         store.close()
+
+
+class PgBouncer:
+    """A PgBouncer in transaction pooling with two server connections, in front of the
+    database of ``url`` (TCP), on a free port; under root it runs as ``nobody``."""
+
+    def __init__(self, url: str) -> None:
+        import socket
+        import subprocess
+
+        from psycopg.conninfo import conninfo_to_dict
+
+        info = conninfo_to_dict(url)
+        self.folder = Path(tempfile.mkdtemp(prefix="taskdedup-pgb-"))
+        self.folder.chmod(0o777)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        user, db = info.get("user", "postgres"), info.get("dbname", "postgres")
+        (self.folder / "users.txt").write_text(f'"{user}" ""\n')
+        (self.folder / "pgbouncer.ini").write_text(
+            f"[databases]\n{db} = host={info.get('host', '127.0.0.1')} "
+            f"port={info.get('port', 5432)} dbname={db} user={user}\n"
+            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = trust\n"
+            f"auth_file = {self.folder}/users.txt\npool_mode = transaction\n"
+            "default_pool_size = 2\nmax_client_conn = 200\nunix_socket_dir =\n"
+            f"logfile = {self.folder}/pgbouncer.log\npidfile = {self.folder}/pgbouncer.pid\n"
+        )
+        for name in ("users.txt", "pgbouncer.ini"):
+            (self.folder / name).chmod(0o644)
+        as_user = ["-u", "nobody"] if os.geteuid() == 0 else []
+        ini = str(self.folder / "pgbouncer.ini")
+        subprocess.run([shutil.which("pgbouncer") or "pgbouncer", "-d", *as_user, ini], check=True)
+        self.url = f"postgresql://{user}@127.0.0.1:{port}/{db}"
+
+    def stop(self) -> None:
+        import signal
+
+        pid = self.folder / "pgbouncer.pid"
+        if pid.exists():
+            os.kill(int(pid.read_text()), signal.SIGTERM)
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -10,6 +10,7 @@ import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -251,3 +252,58 @@ def test_after_a_restart_the_dead_pooled_connections_are_replaced_at_once(key_pr
     finally:
         store.close()
         server.stop()
+
+
+def test_behind_pgbouncer_in_transaction_pooling_64_threads_take_one_lock(
+    postgres_url: str, key_prefix: str
+) -> None:
+    """Sixty-four threads through PgBouncer (transaction pooling, two server connections,
+    so successive transactions of one client land on different sessions): one acquires,
+    and the claim and finish that follow work as on a direct connection."""
+    import shutil
+
+    from postgres_server import PgBouncer
+
+    if shutil.which("pgbouncer") is None:
+        pytest.skip("no pgbouncer on PATH (Debian: apt install pgbouncer)")
+    if str(psycopg.conninfo.conninfo_to_dict(postgres_url).get("host", "")).startswith("/"):
+        pytest.skip("the database listens on a socket only")
+    bouncer = PgBouncer(postgres_url)
+    store = PostgresStore(bouncer.url, key_prefix=key_prefix, pool_size=20)
+    try:
+        replies = race(64, lambda i: store.run(Acquire("k", f"j{i}", HOUR, HOUR)))
+        winners = [r.holder for r in replies if r.acquired]
+        assert len(winners) == 1 and {r.holder for r in replies} == set(winners)
+        claim = store.run(Claim("k", winners[0], "w", 30_000, HOUR, "hold", False, HOUR))
+        assert claim.outcome == "run"
+        assert store.run(Finish("k", winners[0], False, HOUR)).released
+        assert store.run(Inspect("k")) is None
+    finally:
+        store.close()
+        bouncer.stop()
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_the_operators_commands_work_on_the_sql_stores(
+    kind: str, store_url: Any, key_prefix: str
+) -> None:
+    url = store_url(kind)
+    store = from_url(url, key_prefix=key_prefix)
+    dedup = Deduplicator(store)
+    ticket = dedup.enqueue(BUILD, ("abc",), job_id="j1")
+    dedup.published(ticket)
+    dedup.close()
+    base = ["--url", url, "--prefix", key_prefix]
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(cli, [*base, *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "j1" in run("locks") and "ci.build" in run("locks", "--json")
+    assert "j1" in run("show", str(ticket.key))
+    assert "ci.build" in run("stats")
+    assert run("explain", str(ticket.key))
+    assert "freed" in run("unlock", str(ticket.key), "--yes")
+    assert "0 lock(s)" in run("locks")
+    store.close()

@@ -235,7 +235,10 @@ class PostgresStore(Store):
         with self._pool().connection() as conn, _answering():
             tables_ = f"{self.where}{self.table}, {self.where}{self.version_table}"
             conn.execute(f"DROP TABLE IF EXISTS {tables_}")
-            for function in functions(self.prefix, self.where):
+            for function in (
+                *functions(self.prefix, self.where),
+                self.where + self.table.removesuffix("_records") + "_note",
+            ):
                 conn.execute(f"DROP FUNCTION IF EXISTS {function}")
             conn.commit()
 

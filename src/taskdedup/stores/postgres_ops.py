@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import psycopg
@@ -25,6 +25,10 @@ from ..errors import StoreUnavailable
 from .base import (
     Acquire,
     AcquireReply,
+    Claim,
+    ClaimReply,
+    Finish,
+    FinishReply,
     MarkTick,
     Op,
     Pace,
@@ -129,29 +133,69 @@ JOINS: frozenset[type[Any]] = frozenset(
 )
 
 
-def one_statement(op: Op[Any]) -> bool:
-    """Whether ``op`` is one the ``<prefix>_acquire`` function answers in one statement: a
-    peek, or an acquire with no debounce, no cancel and no payload (most enqueues)."""
-    if type(op) is Peek:
-        return True
-    return type(op) is Acquire and not (op.debounce_ms or op.cancel or op.payload is not None)
+#: An answer of a one-statement function that says: take the open/save path instead.
+FALLBACK = object()
 
 
-def acquire_args(store: PostgresStore, op: Acquire | Peek, joined: bool) -> tuple[Any, ...]:
+def one_statement(
+    store: PostgresStore, op: Op[Any], joined: bool
+) -> tuple[str, tuple[Any, ...], Callable[[Any], Any]] | None:
+    """The statement that answers ``op`` in one round trip on its ordinary path, its
+    arguments and how to read its row; None: ``op`` takes the open/save path. The functions
+    answer FALLBACK (having written nothing) for a case off that path. Each is safe to send
+    again when its reply was lost: an acquire of the same job id is the holder's, a claim
+    carrying the same nonce is answered as it was, a finish is done already."""
     wait, sync = (None, None) if joined else (str(store.timeout_ms), store.synchronous_commit)
-    purge = PURGE_BATCH if store.purge_due() else 0
-    if isinstance(op, Peek):
-        return (store.class_id, op.key, "", 0, 0, op.record_duplicate, "", wait, sync, 0, True)
-    counted, task = op.record_duplicate, op.task
-    job, ttl, grace = op.job_id, op.ttl_ms, op.grace_ms
-    return (store.class_id, op.key, job, ttl, grace, counted, task, wait, sync, purge, False)
+    kind = type(op)
+    args: tuple[Any, ...]
+    if kind is Peek:
+        peek = cast(Peek, op)
+        args = (store.class_id, peek.key, "", 0, 0, peek.record_duplicate, "", wait, sync, 0)
+        return store.sql.acquire, (*args, True), acquired
+    if kind is Acquire:
+        a = cast(Acquire, op)
+        if a.debounce_ms or a.cancel or a.payload is not None:
+            return None
+        purge = PURGE_BATCH if store.purge_due() else 0
+        args = (store.class_id, a.key, a.job_id, a.ttl_ms, a.grace_ms, a.record_duplicate)
+        return store.sql.acquire, (*args, a.task, wait, sync, purge, False), acquired
+    if joined:
+        return None  # (a claim or a finish never runs in a caller's transaction)
+    if kind is Claim:
+        c = cast(Claim, op)
+        if c.latest or c.run_lock:
+            return None
+        args = (store.class_id, c.key, c.job_id, c.owner, c.lease_ms, c.memory_ms, c.attempt)
+        handoff = c.handoff_job_id is not None
+        return (
+            store.sql.claim,
+            (*args, c.nonce, c.lock, wait, sync, store.history, handoff),
+            claimed,
+        )
+    if kind is Finish:
+        f = cast(Finish, op)
+        args = (store.class_id, f.key, f.job_id, f.throttle, f.memory_ms, f.attempt, wait, sync)
+        return store.sql.finish, (*args, store.history, f.handoff_job_id is not None), finished
+    return None
 
 
 def acquired(row: Any) -> AcquireReply | None:
-    """The function's row as the reply (none: a peek found the key free)."""
+    """The acquire function's row as the reply (none: a peek found the key free)."""
     if row is None:
         return None
     return AcquireReply(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5])
+
+
+def claimed(row: Any) -> Any:
+    if row[0] == "fallback":
+        return FALLBACK
+    return ClaimReply("run", int(row[1]), 1, "")  # (the owner is filled in by the caller)
+
+
+def finished(row: Any) -> Any:
+    if row[0] == "fallback":
+        return FALLBACK
+    return FinishReply(row[0] == "released")
 
 
 def run_own(store: PostgresStore, op: Op[R]) -> R:
@@ -159,16 +203,19 @@ def run_own(store: PostgresStore, op: Op[R]) -> R:
     a serialization failure, and once on a new connection when a pooled one the server had
     closed (a restart) fails before anything was written."""
     extra: list[tuple[str, str]] = []
-    reconnects = 1
+    reconnects, slow = 1, False
     with _answering():
         for attempt in range(8):
             call = _Call(store, op, extra)
             try:
                 pool = store._ready_pool()
-                if one_statement(op):  # one round trip: its own transaction (autocommit)
+                fast = None if slow else one_statement(store, op, False)
+                if fast is not None:  # one round trip: its own transaction (autocommit)
                     with pool.connection() as conn:
-                        args = acquire_args(store, cast(Acquire, op), False)
-                        return cast(R, acquired(conn.execute(store.sql.acquire, args).fetchone()))
+                        answer = fast[2](conn.execute(fast[0], fast[1]).fetchone())
+                    if answer is not FALLBACK:
+                        return cast(R, _owned(op, answer))
+                    slow = True  # (the open/save path from here on)
                 with pool.connection() as conn, _rolled_back(conn), conn.pipeline():
                     rows = [conn.execute(q, a) for q, a in call.opening()][1].fetchall()
                     for q, a in call.closing(rows):
@@ -190,16 +237,19 @@ def run_own(store: PostgresStore, op: Op[R]) -> R:
 async def arun_own(store: PostgresStore, op: Op[R]) -> R:
     """:func:`run_own` on the store's asyncio pool of the running event loop."""
     extra: list[tuple[str, str]] = []
-    reconnects = 1
+    reconnects, slow = 1, False
     with _answering():
         for attempt in range(8):
             call = _Call(store, op, extra)
             try:
                 async with (await store._apool()).connection() as conn:
-                    if one_statement(op):
-                        args = acquire_args(store, cast(Acquire, op), False)
-                        row = await (await conn.execute(store.sql.acquire, args)).fetchone()
-                        return cast(R, acquired(row))
+                    fast = None if slow else one_statement(store, op, False)
+                    if fast is not None:
+                        row = await (await conn.execute(fast[0], fast[1])).fetchone()
+                        if (answer := fast[2](row)) is not FALLBACK:
+                            return cast(R, _owned(op, answer))
+                        slow = True
+                        continue
                     try:
                         async with conn.pipeline():
                             opened = [await conn.execute(q, a) for q, a in call.opening()]
@@ -228,11 +278,9 @@ def run_joined(store: PostgresStore, joined: transactions.Transaction, op: Op[R]
     rolled back with it. A database error is the caller's transaction's: it is raised as it
     is (that transaction is aborted either way)."""
     store._ready_pool()  # (the schema is made on a connection of the store's own)
-    if one_statement(op):
-        args = acquire_args(store, cast(Acquire, op), True)
-        return cast(
-            R, _ours(joined, acquired(joined.conn.execute(store.sql.acquire, args).fetchone()))
-        )
+    fast = one_statement(store, op, True)
+    if fast is not None:
+        return cast(R, _ours(joined, fast[2](joined.conn.execute(fast[0], fast[1]).fetchone())))
     extra: list[tuple[str, str]] = []
     while True:
         call = _Call(store, op, extra, joined=True)
@@ -249,10 +297,10 @@ async def arun_joined(store: PostgresStore, joined: transactions.Transaction, op
     """:func:`run_joined` on an asyncio connection."""
     if not store._checked:
         await asyncio.to_thread(store._ready_pool)
-    if one_statement(op):
-        args = acquire_args(store, cast(Acquire, op), True)
-        row = await (await joined.conn.execute(store.sql.acquire, args)).fetchone()
-        return cast(R, _ours(joined, acquired(row)))
+    fast = one_statement(store, op, True)
+    if fast is not None:
+        row = await (await joined.conn.execute(fast[0], fast[1])).fetchone()
+        return cast(R, _ours(joined, fast[2](row)))
     extra: list[tuple[str, str]] = []
     while True:
         call = _Call(store, op, extra, joined=True)
@@ -263,6 +311,13 @@ async def arun_joined(store: PostgresStore, joined: transactions.Transaction, op
             return cast(R, _ours(joined, call.answer))
         except Miss as miss:
             extra.append((miss.tag, miss.part))
+
+
+def _owned(op: Op[Any], answer: Any) -> Any:
+    """A claim's reply names the owner the claim gave (the function does not echo it)."""
+    if isinstance(answer, ClaimReply):
+        return dataclasses.replace(answer, holder=cast(Claim, op).owner)
+    return answer
 
 
 def _ours(joined: transactions.Transaction, reply: Any) -> Any:

@@ -9,6 +9,7 @@ fine), where a fresh statement is planned on every call (about 0.6 ms of an oper
 
 from __future__ import annotations
 
+from .base import HISTORY_MS, HISTORY_SIZE
 from .sql import SCHEMA_VERSION, schema, tables
 
 
@@ -18,18 +19,146 @@ def qualifier(schema_name: str) -> str:
     return '"' + schema_name.replace('"', '""') + '".'
 
 
-def functions(key_prefix: str, where: str = "") -> tuple[str, str, str]:
-    """The names of the open, save and acquire functions of ``key_prefix``."""
+def functions(key_prefix: str, where: str = "") -> tuple[str, str, str, str, str]:
+    """The names of the open, save, acquire, claim and finish functions of ``key_prefix``."""
     base = where + tables(key_prefix)[0].removesuffix("_records")
-    return base + "_open", base + "_save", base + "_acquire"
+    return tuple(base + "_" + name for name in ("open", "save", "acquire", "claim", "finish"))  # type: ignore[return-value]
 
 
 def postgres_schema(key_prefix: str, where: str) -> list[str]:
     """Every statement of the current schema, each safe to run again."""
     t = where + tables(key_prefix)[0]
-    open_, save, acquire = functions(key_prefix, where)
+    open_, save, acquire, claim, finish = functions(key_prefix, where)
+    note = open_.removesuffix("_open") + "_note"
     return [
         *schema(key_prefix, where=where),
+        f"""CREATE OR REPLACE FUNCTION {note}(k text, entry text, now_ms bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+-- One entry at the head of the key's decision history (history.remember_event's twin):
+-- newest first, at most {HISTORY_SIZE}, kept {HISTORY_MS} ms after the last.
+DECLARE
+  v jsonb;
+BEGIN
+  SELECT r.body::jsonb->'v' INTO v FROM {t} AS r
+    WHERE r.tag = k AND r.part = 'log' AND r.expires_at > now_ms;
+  v := jsonb_build_array(entry) || coalesce(v, '[]'::jsonb);
+  IF jsonb_array_length(v) > {HISTORY_SIZE} THEN
+    v := (SELECT jsonb_agg(e ORDER BY i) FROM jsonb_array_elements(v) WITH ORDINALITY AS x(e, i)
+      WHERE i <= {HISTORY_SIZE});
+  END IF;
+  INSERT INTO {t} AS r (tag, part, body, expires_at)
+    VALUES (k, 'log', jsonb_build_object('v', v)::text, now_ms + {HISTORY_MS})
+    ON CONFLICT (tag, part) DO UPDATE SET body = excluded.body,
+      expires_at = excluded.expires_at;
+END $$""",
+        f"""CREATE OR REPLACE FUNCTION {claim}(cls int, k text, job text, owner text,
+    lease bigint, memory bigint, attempt bigint, nonce text, mode text, wait_ms text,
+    sync text, history boolean, handoff boolean)
+RETURNS TABLE (o_outcome text, o_fence bigint)
+LANGUAGE plpgsql AS $$
+-- A job's first claim in one statement (transitions.claim's twin on its ordinary path: no
+-- record of the job yet, its own queued lock, no debounce, no run owed to hand the lock to).
+-- Anything else (a redelivery, a stale copy, a debounced run, a hand-off) answers
+-- 'fallback', having written nothing, and takes the open/save path.
+DECLARE
+  now_ms bigint;
+  jb jsonb;
+  lb jsonb;
+  fence bigint;
+BEGIN
+  PERFORM set_config('lock_timeout', wait_ms, true);
+  PERFORM set_config('statement_timeout', wait_ms, true);
+  PERFORM set_config('synchronous_commit', sync, true);
+  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
+  now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  SELECT r.body::jsonb INTO jb FROM {t} AS r
+    WHERE r.tag = k AND r.part = 'job:' || job AND r.expires_at > now_ms;
+  IF nonce <> '' AND jb->>'k' = nonce AND jb->>'s' = 'r' AND (jb->>'a')::int = 1 THEN
+    -- this very claim, sent again (its reply was lost with its connection): its answer
+    RETURN QUERY SELECT 'run'::text, (jb->>'f')::bigint;
+    RETURN;
+  END IF;
+  SELECT r.body::jsonb INTO lb FROM {t} AS r
+    WHERE r.tag = k AND r.part = 'lock' AND r.expires_at > now_ms;
+  IF jb IS NOT NULL OR lb IS NULL OR lb->>'j' <> job OR lb->>'s' <> 'q' OR lb ? 'u'
+     OR (mode = 'release' AND handoff AND (lb->>'d')::bigint > 0) THEN
+    RETURN QUERY SELECT 'fallback'::text, 0::bigint;
+    RETURN;
+  END IF;
+  fence := (lb->>'f')::bigint;
+  IF mode = 'hold' THEN  -- it was published: it runs
+    UPDATE {t} AS r SET body = (lb || '{{"s": "r", "c": 1}}'::jsonb)::text,
+      expires_at = now_ms + lease WHERE r.tag = k AND r.part = 'lock';
+  ELSIF mode = 'release' THEN  -- the duplicates it answered go to the key's history
+    IF history AND (lb->>'d')::bigint > 0 THEN
+      PERFORM {note}(k, now_ms || ' deduplicated ' || coalesce(lb->>'l', '-') || ' ' || job
+        || ' ' || (lb->>'d'), now_ms);
+    END IF;
+    DELETE FROM {t} AS r WHERE r.tag = k AND r.part = 'lock';
+  END IF;
+  INSERT INTO {t} AS r (tag, part, body, expires_at) VALUES (k, 'job:' || job,
+    jsonb_build_object('s', 'r', 'o', owner, 'u', now_ms + lease, 'a', 1, 'n', attempt,
+      'f', fence, 'm', memory, 'k', nonce, 'l', 0, 'b', now_ms)::text,
+    now_ms + lease + memory)
+    ON CONFLICT (tag, part) DO UPDATE SET body = excluded.body,
+      expires_at = excluded.expires_at;
+  RETURN QUERY SELECT 'run'::text, fence;
+END $$""",
+        f"""CREATE OR REPLACE FUNCTION {finish}(cls int, k text, job text, throttle boolean,
+    memory bigint, attempt bigint, wait_ms text, sync text, history boolean, handoff boolean)
+RETURNS TABLE (o_outcome text)
+LANGUAGE plpgsql AS $$
+-- A job's end in one statement (transitions.finish's twin on its ordinary path: not stale,
+-- no run owed to hand the lock to, no stop asked). Anything else answers 'fallback', having
+-- written nothing, and takes the open/save path.
+DECLARE
+  now_ms bigint;
+  jb jsonb;
+  lb jsonb;
+BEGIN
+  PERFORM set_config('lock_timeout', wait_ms, true);
+  PERFORM set_config('statement_timeout', wait_ms, true);
+  PERFORM set_config('synchronous_commit', sync, true);
+  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
+  now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  SELECT r.body::jsonb INTO jb FROM {t} AS r
+    WHERE r.tag = k AND r.part = 'job:' || job AND r.expires_at > now_ms;
+  SELECT r.body::jsonb INTO lb FROM {t} AS r
+    WHERE r.tag = k AND r.part = 'lock' AND r.expires_at > now_ms;
+  IF (attempt IS NOT NULL AND jb->>'n' IS NOT NULL AND attempt < (jb->>'n')::bigint)
+     OR (lb->>'j' = job AND (lb ? 'x' OR (handoff AND (lb->>'d')::bigint > 0))) THEN
+    RETURN QUERY SELECT 'fallback'::text;
+    RETURN;
+  END IF;
+  IF jb ? 's' THEN  -- done: remembered for redelivered copies
+    UPDATE {t} AS r SET body = (jb || '{{"s": "d"}}'::jsonb)::text,
+      expires_at = now_ms + memory WHERE r.tag = k AND r.part = 'job:' || job;
+  ELSE
+    INSERT INTO {t} AS r (tag, part, body, expires_at) VALUES (k, 'job:' || job,
+      jsonb_build_object('s', 'd', 'o', '', 'a', 1, 'n', attempt, 'f', 0, 'm', 0)::text,
+      now_ms + memory)
+      ON CONFLICT (tag, part) DO UPDATE SET body = excluded.body,
+        expires_at = excluded.expires_at;
+  END IF;
+  IF jb IS NULL OR coalesce((jb->>'l')::int, 1) <> 0 THEN  -- the run lock, if this run's
+    DELETE FROM {t} AS r WHERE r.tag = k AND r.part = 'run' AND r.body::jsonb->>'j' = job;
+  END IF;
+  IF lb IS NULL OR lb->>'j' <> job THEN
+    RETURN QUERY SELECT 'kept'::text;  -- not its lock (any more): nothing released
+    RETURN;
+  END IF;
+  IF history AND (lb->>'d')::bigint > 0 THEN  -- the duplicates it answered, in the history
+    PERFORM {note}(k, now_ms || ' deduplicated ' || coalesce(lb->>'l', '-') || ' ' || job
+      || ' ' || (lb->>'d'), now_ms);
+  END IF;
+  IF throttle AND (lb->>'e')::bigint > now_ms THEN  -- until_expired: held until its ttl
+    UPDATE {t} AS r SET body = (lb || '{{"s": "t"}}'::jsonb)::text,
+      expires_at = (lb->>'e')::bigint WHERE r.tag = k AND r.part = 'lock';
+  ELSE
+    DELETE FROM {t} AS r WHERE r.tag = k AND r.part = 'lock';
+  END IF;
+  RETURN QUERY SELECT 'released'::text;
+END $$""",
         f"""CREATE OR REPLACE FUNCTION {acquire}(cls int, k text, job text, ttl bigint,
     grace bigint, counted boolean, task text, wait_ms text, sync text, purge_n int,
     peek boolean)
@@ -166,7 +295,9 @@ class Queries:
 
     def __init__(self, key_prefix: str, where: str) -> None:
         t = where + tables(key_prefix)[0]
-        open_, save, acquire = functions(key_prefix, where)
+        open_, save, acquire, claim, finish = functions(key_prefix, where)
+        self.claim = f"SELECT * FROM {claim}({', '.join(['%s'] * 13)})"
+        self.finish = f"SELECT * FROM {finish}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         self.acquire = f"SELECT * FROM {acquire}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         self.open = f"SELECT * FROM {open_}(%s, %s::text[], %s::text[], %s::text[], %s, %s)"
         self.save = (

@@ -238,6 +238,7 @@ class PostgresStore(Store):
             for function in (
                 *functions(self.prefix, self.where),
                 self.where + self.table.removesuffix("_records") + "_note",
+                self.where + self.table.removesuffix("_records") + "_confirm",
             ):
                 conn.execute(f"DROP FUNCTION IF EXISTS {function}")
             conn.commit()

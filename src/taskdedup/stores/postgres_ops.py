@@ -27,6 +27,7 @@ from .base import (
     AcquireReply,
     Claim,
     ClaimReply,
+    Confirm,
     Finish,
     FinishReply,
     MarkTick,
@@ -172,6 +173,10 @@ def one_statement(
             (*args, c.nonce, c.lock, wait, sync, store.history, handoff),
             claimed,
         )
+    if kind is Confirm:
+        items = cast(Confirm, op).items
+        keys, jobs = [k for k, _ in items], [j for _, j in items]
+        return store.sql.confirm, (store.class_id, keys, jobs, wait, sync), lambda row: row[0]
     if kind is Finish:
         f = cast(Finish, op)
         args = (store.class_id, f.key, f.job_id, f.throttle, f.memory_ms, f.attempt, wait, sync)

@@ -30,7 +30,41 @@ def postgres_schema(key_prefix: str, where: str) -> list[str]:
     t = where + tables(key_prefix)[0]
     open_, save, acquire, claim, finish = functions(key_prefix, where)
     note = open_.removesuffix("_open") + "_note"
+    confirm = open_.removesuffix("_open") + "_confirm"
     return [
+        f"""CREATE OR REPLACE FUNCTION {confirm}(cls int, keys text[], jobs text[], wait_ms text,
+    sync text)
+RETURNS bigint LANGUAGE plpgsql AS $$
+-- A batch of published locks confirmed (transitions.confirm's twin): each still queued and
+-- unconfirmed lock of its job lives until its ttl; a retry's job record learns that its retry
+-- went out. Answers how many locks were confirmed.
+DECLARE
+  h int;
+  now_ms bigint;
+  n bigint;
+BEGIN
+  PERFORM set_config('lock_timeout', wait_ms, true);
+  PERFORM set_config('statement_timeout', wait_ms, true);
+  PERFORM set_config('synchronous_commit', sync, true);
+  FOR h IN SELECT DISTINCT hashtext(k) FROM unnest(keys) AS k ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(cls, h);
+  END LOOP;
+  now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  UPDATE {t} AS r SET body = (r.body::jsonb || '{{"c": 1}}'::jsonb)::text
+    FROM unnest(keys, jobs) AS w(k, j)
+    WHERE r.tag = w.k AND r.part = 'job:' || w.j AND r.expires_at > now_ms
+      AND r.body::jsonb->>'s' = 'q';
+  WITH done AS (
+    UPDATE {t} AS r SET body = (r.body::jsonb || '{{"c": 1}}'::jsonb)::text,
+      expires_at = (r.body::jsonb->>'e')::bigint
+    FROM unnest(keys, jobs) AS w(k, j)
+    WHERE r.tag = w.k AND r.part = 'lock' AND r.expires_at > now_ms
+      AND r.body::jsonb->>'j' = w.j AND r.body::jsonb->>'s' = 'q'
+      AND (r.body::jsonb->>'c')::int = 0
+    RETURNING 1)
+  SELECT count(*) INTO n FROM done;
+  RETURN n;
+END $$""",
         *schema(key_prefix, where=where),
         f"""CREATE OR REPLACE FUNCTION {note}(k text, entry text, now_ms bigint)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -296,6 +330,7 @@ class Queries:
     def __init__(self, key_prefix: str, where: str) -> None:
         t = where + tables(key_prefix)[0]
         open_, save, acquire, claim, finish = functions(key_prefix, where)
+        self.confirm = f"SELECT {open_.removesuffix('_open')}_confirm(%s, %s, %s, %s, %s)"
         self.claim = f"SELECT * FROM {claim}({', '.join(['%s'] * 13)})"
         self.finish = f"SELECT * FROM {finish}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         self.acquire = f"SELECT * FROM {acquire}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"

@@ -131,37 +131,25 @@ def transaction(target: Any) -> Iterator[Transaction]:
 async def atransaction(target: Any) -> AsyncIterator[Transaction]:
     """:func:`transaction` for asyncio: a SQLAlchemy ``AsyncSession`` or ``AsyncConnection``,
     or a psycopg ``AsyncConnection``; the block commits at its end, then publishes."""
-    if hasattr(target, "get_transaction") and hasattr(target, "sync_session"):  # AsyncSession
-        if target.in_transaction():
+    if hasattr(target, "get_raw_connection") or hasattr(target, "sync_session"):
+        if target.in_transaction():  # a SQLAlchemy AsyncSession or AsyncConnection
             raise _nested(target)
-        async with target.begin():
-            conn = await target.connection()
-            found = Transaction(await _adriver(conn))
-            token = _CURRENT.set(found)
-            try:
-                yield found
-            finally:
-                _CURRENT.reset(token)
-    elif hasattr(target, "get_raw_connection"):  # SQLAlchemy AsyncConnection
-        if target.in_transaction():
-            raise _nested(target)
-        async with target.begin():
-            found = Transaction(await _adriver(target))
-            token = _CURRENT.set(found)
-            try:
-                yield found
-            finally:
-                _CURRENT.reset(token)
+        block = target.begin()
     else:  # psycopg AsyncConnection
         if target.info.transaction_status != 0:  # (IDLE)
             raise _nested(target)
-        found = Transaction(target)
-        async with target.transaction():
-            token = _CURRENT.set(found)
-            try:
-                yield found
-            finally:
-                _CURRENT.reset(token)
+        block = target.transaction()
+    async with block:
+        if hasattr(target, "sync_session"):  # (an AsyncSession: its connection's driver's)
+            raw = await _adriver(await target.connection())
+        else:
+            raw = await _adriver(target) if hasattr(target, "get_raw_connection") else target
+        found = Transaction(raw)
+        token = _CURRENT.set(found)
+        try:
+            yield found
+        finally:
+            _CURRENT.reset(token)
     for publish in found.committed():
         await _arun(publish)
 

@@ -12,6 +12,16 @@ from __future__ import annotations
 from .base import HISTORY_MS, HISTORY_SIZE
 from .sql import SCHEMA_VERSION, schema, tables
 
+#: How each function starts: its waits bounded by the store's ``timeout`` and its commit's
+#: ``synchronous_commit`` set, for its own transaction only (``set_config(..., true)``);
+#: NULL for the caller's own transaction, whose settings stay as they are.
+SETTINGS = """  IF wait_ms IS NOT NULL THEN
+    PERFORM set_config('lock_timeout', wait_ms, true);
+    PERFORM set_config('statement_timeout', wait_ms, true);
+    PERFORM set_config('synchronous_commit', sync, true);
+  END IF;
+"""
+
 
 def qualifier(schema_name: str) -> str:
     """``"name".``: what starts every name of ours, so that a session with another search
@@ -43,10 +53,7 @@ DECLARE
   now_ms bigint;
   n bigint;
 BEGIN
-  PERFORM set_config('lock_timeout', wait_ms, true);
-  PERFORM set_config('statement_timeout', wait_ms, true);
-  PERFORM set_config('synchronous_commit', sync, true);
-  FOR h IN SELECT DISTINCT hashtext(k) FROM unnest(keys) AS k ORDER BY 1 LOOP
+{SETTINGS}  FOR h IN SELECT DISTINCT hashtext(k) FROM unnest(keys) AS k ORDER BY 1 LOOP
     PERFORM pg_advisory_xact_lock(cls, h);
   END LOOP;
   now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
@@ -100,10 +107,7 @@ DECLARE
   lb jsonb;
   fence bigint;
 BEGIN
-  PERFORM set_config('lock_timeout', wait_ms, true);
-  PERFORM set_config('statement_timeout', wait_ms, true);
-  PERFORM set_config('synchronous_commit', sync, true);
-  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
+{SETTINGS}  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
   now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
   SELECT r.body::jsonb INTO jb FROM {t} AS r
     WHERE r.tag = k AND r.part = 'job:' || job AND r.expires_at > now_ms;
@@ -150,10 +154,7 @@ DECLARE
   jb jsonb;
   lb jsonb;
 BEGIN
-  PERFORM set_config('lock_timeout', wait_ms, true);
-  PERFORM set_config('statement_timeout', wait_ms, true);
-  PERFORM set_config('synchronous_commit', sync, true);
-  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
+{SETTINGS}  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
   now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
   SELECT r.body::jsonb INTO jb FROM {t} AS r
     WHERE r.tag = k AND r.part = 'job:' || job AND r.expires_at > now_ms;
@@ -209,12 +210,7 @@ DECLARE
   b jsonb;
   expires bigint;
 BEGIN
-  IF wait_ms IS NOT NULL THEN  -- (NULL: the caller's own transaction, whose settings stay)
-    PERFORM set_config('lock_timeout', wait_ms, true);
-    PERFORM set_config('statement_timeout', wait_ms, true);
-    PERFORM set_config('synchronous_commit', sync, true);
-  END IF;
-  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
+{SETTINGS}  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
   now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
   now_ms := now_us / 1000;
   IF purge_n > 0 THEN  -- a batch of expired rows, as <prefix>_save removes one
@@ -269,12 +265,7 @@ LANGUAGE plpgsql AS $$
 -- before the locks were taken (a volatile function's statements take fresh snapshots).
 DECLARE h int;
 BEGIN
-  IF wait_ms IS NOT NULL THEN  -- (NULL: the caller's own transaction, whose settings stay)
-    PERFORM set_config('lock_timeout', wait_ms, true);
-    PERFORM set_config('statement_timeout', wait_ms, true);
-    PERFORM set_config('synchronous_commit', sync, true);
-  END IF;
-  FOR h IN SELECT DISTINCT hashtext(k) FROM unnest(tags) AS k ORDER BY 1 LOOP
+{SETTINGS}  FOR h IN SELECT DISTINCT hashtext(k) FROM unnest(tags) AS k ORDER BY 1 LOOP
     PERFORM pg_advisory_xact_lock(cls, h);
   END LOOP;
   RETURN QUERY SELECT NULL::text, NULL::text, NULL::text,

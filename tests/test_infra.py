@@ -64,7 +64,7 @@ def test_private_redis_url_is_not_the_shared_one(private_redis_url: str, redis_u
 
 
 def _copy_infra(pytester: pytest.Pytester) -> None:
-    for name in ("conftest.py", "redis_server.py", "harness.py"):
+    for name in ("conftest.py", "redis_server.py", "postgres_server.py", "harness.py"):
         shutil.copy(TESTS_DIR / name, pytester.path / name)
 
 

@@ -179,6 +179,8 @@ def one_statement(
         return store.sql.confirm, (store.class_id, keys, jobs, wait, sync), lambda row: row[0]
     if kind is Finish:
         f = cast(Finish, op)
+        if f.handoff_job_id is not None:
+            return None  # (reschedule_once: a run may be owed; the general way, two trips)
         args = (store.class_id, f.key, f.job_id, f.throttle, f.memory_ms, f.attempt, wait, sync)
         return store.sql.finish, (*args, store.history, f.handoff_job_id is not None), finished
     return None

@@ -181,13 +181,14 @@ def test_migrate_on_the_command_line_is_idempotent(postgres_url: str, key_prefix
 
 
 def test_urls_make_the_sql_stores_with_their_options(postgres_url: str, tmp_path: Path) -> None:
-    pg = from_url(postgres_url + "?pool_size=3&timeout=2&synchronous_commit=on")
+    joined = "&" if "?" in postgres_url else "?"
+    pg = from_url(postgres_url + joined + "pool_size=3&timeout=2&synchronous_commit=on")
     assert isinstance(pg, PostgresStore)
     assert (pg.pool_size, pg.timeout, pg.synchronous_commit) == (3, 2.0, "on")
     lite = from_url(f"sqlite:///{tmp_path}/t.db", key_prefix="p")
     assert isinstance(lite, SqliteStore) and lite.path == f"{tmp_path}/t.db"
     assert isinstance(from_url("sqlite://"), SqliteStore)
-    named = from_url(postgres_url + "?application_name=two%20words")
+    named = from_url(postgres_url + joined + "application_name=two%20words")
     try:  # libpq's options pass through as they were written (a space stays a space)
         with named._pool().connection() as conn:  # type: ignore[attr-defined]
             assert conn.execute("SHOW application_name").fetchone() == ("two words",)

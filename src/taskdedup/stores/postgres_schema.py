@@ -42,6 +42,7 @@ def postgres_schema(key_prefix: str, where: str) -> list[str]:
     note = open_.removesuffix("_open") + "_note"
     confirm = open_.removesuffix("_open") + "_confirm"
     return [
+        *schema(key_prefix, where=where),
         f"""CREATE OR REPLACE FUNCTION {confirm}(cls int, keys text[], jobs text[], wait_ms text,
     sync text)
 RETURNS bigint LANGUAGE plpgsql AS $$
@@ -72,7 +73,6 @@ BEGIN
   SELECT count(*) INTO n FROM done;
   RETURN n;
 END $$""",
-        *schema(key_prefix, where=where),
         f"""CREATE OR REPLACE FUNCTION {note}(k text, entry text, now_ms bigint)
 RETURNS void LANGUAGE plpgsql AS $$
 -- One entry at the head of the key's decision history (history.remember_event's twin):

@@ -93,7 +93,16 @@ def _django(store: Any) -> Transaction | None:
         if not conn.in_atomic_block or conn.connection is None:
             continue
         raw = conn.connection
-        if type(raw).__module__.split(".")[0] == "psycopg" and store.same_database(raw):
+        if type(raw).__module__.split(".")[0] != "psycopg":
+            _warn_once(
+                conn.alias,
+                "taskdedup: Django's database %r runs on %s, not psycopg 3: an enqueue inside "
+                "its atomic() does not join the transaction (install psycopg 3 for Django)",
+                conn.alias,
+                type(raw).__module__,
+            )
+            continue
+        if store.same_database(raw):
             block = conn.atomic_blocks[0] if conn.atomic_blocks else None
             kept = getattr(conn, "_taskdedup_transaction", None)
             if kept is not None and kept[0] is block:  # (the same outermost atomic block)
@@ -103,6 +112,15 @@ def _django(store: Any) -> Transaction | None:
             conn._taskdedup_transaction = (block, found)
             return found
     return None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, message: str, *args: object) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        log.warning(message, *args)
 
 
 @contextlib.contextmanager

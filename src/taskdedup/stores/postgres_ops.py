@@ -1,9 +1,14 @@
-"""How PostgresStore runs an operation: in a transaction of its own (two round trips in
-psycopg's pipeline mode) or in the caller's open transaction (see ``transactions.py``).
+"""How PostgresStore runs an operation, in a transaction of its own or in the caller's open
+transaction (see ``transactions.py``).
 
-Round trip 1 begins, takes the operation's keys' advisory locks, reads the clock and the rows
-(the ``<prefix>_open`` function); the shared transition runs on them here; round trip 2 writes
-what changed (``<prefix>_save``) and commits.
+On its ordinary path an enqueue, a peek, a claim, a finish or a batch of confirmations is one
+statement, one round trip: a function (``<prefix>_acquire``, ``_claim``, ``_finish``,
+``_confirm``) that locks the key, reads its rows and writes the change, the twin of the shared
+transition for that path (:func:`one_statement`). Off it the function writes nothing and
+answers FALLBACK, and the operation takes the general way, as every other operation does: two
+round trips in psycopg's pipeline mode. Round trip 1 begins, takes the keys' advisory locks,
+reads the clock and the rows (``<prefix>_open``); the shared transition runs on them here;
+round trip 2 writes what changed (``<prefix>_save``) and commits.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import textwrap
 import pytest
 
 from taskdedup import ConfigError, MemoryStore, PacePolicy, Pacer, Settings
+from taskdedup.testing import FakeClock
 
 
 @pytest.mark.parametrize(
@@ -62,7 +63,7 @@ def test_rates_scopes_and_the_task_as_the_default_scope() -> None:
 def test_off_sends_nothing_and_a_dry_run_holds_nothing_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    store = MemoryStore()
+    store = MemoryStore(clock=FakeClock())  # (time stands still: the wait is exactly 60 s)
     policy = PacePolicy("1/m")
     off = Pacer(store, Settings(enabled=False))
     assert [off.delay("s", policy) for _ in range(3)] == [0.0, 0.0, 0.0]

@@ -21,8 +21,10 @@ from taskdedup import Deduplicator, Policy
 from taskdedup.cli import cli
 from taskdedup.errors import ConfigError
 from taskdedup.stores import from_url
-from taskdedup.stores.base import Acquire, Claim, Finish, Inspect
+from taskdedup.stores.base import Acquire, Claim, Confirm, Finish, Inspect, Retry
 from taskdedup.stores.postgres import PostgresStore
+from taskdedup.stores.postgres_schema import WIDENED, functions
+from taskdedup.stores.sql import SCHEMA_VERSION
 from taskdedup.stores.sqlite import SqliteStore
 from turns_proxy import TurnsProxy
 
@@ -158,7 +160,7 @@ def test_the_schema_is_made_once_by_racing_processes_and_checked(
     postgres_url: str, key_prefix: str
 ) -> None:
     stores = [PostgresStore(postgres_url, key_prefix=key_prefix) for _ in range(8)]
-    assert race(8, lambda i: stores[i].migrate()) == [1] * 8
+    assert race(8, lambda i: stores[i].migrate()) == [SCHEMA_VERSION] * 8
     for store in stores:
         store.close()
     other = f"{key_prefix}-none"
@@ -175,9 +177,10 @@ def test_migrate_on_the_command_line_is_idempotent(postgres_url: str, key_prefix
         result = CliRunner().invoke(cli, ["migrate", "--url", postgres_url, "--prefix", key_prefix])
         assert result.exit_code == 0, result.output
     table = key_prefix.replace("-", "_")
-    assert f"{table}_records: schema version 1" in result.output
+    assert f"{table}_records: schema version {SCHEMA_VERSION}" in result.output
     doctor = CliRunner().invoke(cli, ["--url", postgres_url, "--prefix", key_prefix, "doctor"])
-    assert "schema     " in doctor.output and "version 1" in doctor.output, doctor.output
+    assert "schema     " in doctor.output, doctor.output
+    assert f"version {SCHEMA_VERSION}" in doctor.output, doctor.output
 
 
 def test_urls_make_the_sql_stores_with_their_options(postgres_url: str, tmp_path: Path) -> None:
@@ -319,3 +322,130 @@ def test_a_redelivered_copy_takes_the_longer_way_and_keeps_the_answers(pg: Postg
     copy = pg.run(Claim("k", "j1", "w2", 30_000, HOUR, "hold", False, HOUR, nonce="n2"))
     assert (first.outcome, again.outcome, copy.outcome) == ("run", "run", "running")
     assert again.fence == first.fence and copy.holder == "w1"
+
+
+def test_off_the_ordinary_path_a_claim_and_a_finish_take_two_round_trips(
+    proxied: tuple[PostgresStore, TurnsProxy],
+) -> None:
+    """A retry's next attempt, a redelivered copy of a finished job and an attempt that a
+    newer one overtook are off the one-statement path: the function writes nothing and
+    answers the rows it read; the transition's writes go out in a second statement (none
+    when it writes nothing). Each is counted on the wire, the answers are the contract's."""
+    store, proxy = proxied
+    race(4, lambda i: store.run(Inspect("warm-up")))
+
+    def claim(key: str, job: str, attempt: int, nonce: str) -> Claim:
+        return Claim(key, job, "w", 30_000, HOUR, "hold", False, HOUR, attempt, nonce=nonce)  # type: ignore[arg-type]
+
+    def trips(n: int) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+        key, job = f"k{n}", f"j{n}"
+        store.run(Acquire(key, job, HOUR, HOUR))
+        store.run(claim(key, job, 0, f"a{n}"))
+        store.run(Retry(key, job, HOUR, attempt=1))  # attempt 0 failed and is retried
+        store.run(Confirm(((key, job),)))  # (its retry went out)
+        answers: list[Any] = []
+
+        def run(op: Any) -> None:
+            answers.append(store.run(op))
+
+        retried = proxy.count(lambda: run(claim(key, job, 1, f"b{n}")))  # its next attempt
+        stale = proxy.count(lambda: run(Finish(key, job, False, HOUR, attempt=0)))
+        done = proxy.count(lambda: run(Finish(key, job, False, HOUR, attempt=1)))
+        copy = proxy.count(lambda: run(claim(key, job, 1, f"c{n}")))  # a redelivered copy
+        return (retried, stale, done, copy), tuple(
+            getattr(a, "outcome", getattr(a, "released", None)) for a in answers
+        )
+
+    runs = [trips(n) for n in range(3)]
+    print("round trips and answers per run:", runs)
+    counts = tuple(max(each, key=each.count) for each in zip(*[r[0] for r in runs], strict=True))
+    assert runs[0][1] == ("run", False, True, "done")
+    # (the stale finish and the last one write nothing off the path; the copy's discard is
+    # written to the job's record; the general way alone would have cost 3 for each)
+    assert counts == (2, 1, 1, 2)
+
+
+def test_rows_changed_between_the_two_statements_send_it_the_general_way(
+    pg: PostgresStore,
+) -> None:
+    """The second statement writes only if the rows are still the ones the first read:
+    here another writer changes them in between (a stand-in for a concurrent claim), the
+    write is refused, and the operation runs again the general way on the new rows."""
+    from taskdedup.stores import postgres_ops
+
+    pg.run(Acquire("k", "j1", HOUR, HOUR))
+    pg.run(Claim("k", "j1", "w1", 30_000, HOUR, "hold", False, HOUR, 0, nonce="n1"))
+    pg.run(Retry("k", "j1", HOUR, attempt=1))
+    pg.run(Confirm((("k", "j1"),)))
+    real = postgres_ops._Call.closing_if
+    seen: list[Any] = []
+
+    def meddle(call: Any, read: Any) -> Any:
+        save = real(call, read)
+        if not seen:  # the first time only: another writer renews the lock in between
+            with pg._pool().connection() as conn:
+                conn.execute(
+                    f"UPDATE {pg.where}{pg.table} SET expires_at = expires_at + 1 "
+                    "WHERE tag = 'k' AND part = 'lock'"
+                )
+        seen.append(save)
+        return save
+
+    postgres_ops._Call.closing_if = meddle  # type: ignore[method-assign]
+    try:
+        again = pg.run(Claim("k", "j1", "w2", 30_000, HOUR, "hold", False, HOUR, 1, nonce="n2"))
+    finally:
+        postgres_ops._Call.closing_if = real  # type: ignore[method-assign]
+    assert len(seen) == 1 and seen[0] is not None  # it had writes, and they were refused
+    assert again.outcome == "run" and again.holder == "w2"
+    info = pg.run(Inspect("k"))
+    assert info is not None and info.state == "running"
+
+
+def test_a_version_1_schema_is_upgraded_and_a_newer_one_refused(
+    postgres_url: str, key_prefix: str
+) -> None:
+    """Version 2 widened the claim and finish functions' answers (CREATE OR REPLACE cannot):
+    a database left at version 1 is upgraded on first use; one newer than this taskdedup is
+    an error that says what to do, never a downgrade."""
+    store = PostgresStore(postgres_url, key_prefix=key_prefix)
+    store.run(Inspect("k"))  # made at the current version
+    f = functions(store.prefix, store.where)
+    with store._pool().connection() as conn:  # as version 1 left them
+        conn.execute(f"DROP FUNCTION {f.claim}")
+        conn.execute(f"DROP FUNCTION {f.finish}")
+        for name, answer in (
+            (f.claim, "o_outcome text, o_fence bigint"),
+            (f.finish, "o_outcome text"),
+        ):
+            signature = WIDENED[name.rsplit("_", 1)[1]]
+            conn.execute(
+                f"CREATE FUNCTION {name}({signature}) RETURNS TABLE ({answer}) "
+                "LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$"
+            )
+        conn.execute(f"DELETE FROM {store.where}{store.version_table}")
+        conn.execute(f"INSERT INTO {store.where}{store.version_table} VALUES (1)")
+        conn.commit()
+    store.close()
+    upgraded = PostgresStore(postgres_url, key_prefix=key_prefix)
+    try:
+        upgraded.run(Acquire("k", "j1", HOUR, HOUR))
+        assert upgraded.schema_version() == SCHEMA_VERSION
+        first = upgraded.run(Claim("k", "j1", "w", 30_000, HOUR, "hold", False, HOUR, 0, nonce="a"))
+        upgraded.run(Retry("k", "j1", HOUR, attempt=1))
+        upgraded.run(Confirm((("k", "j1"),)))
+        retry = upgraded.run(Claim("k", "j1", "w", 30_000, HOUR, "hold", False, HOUR, 1, nonce="b"))
+        assert (first.outcome, retry.outcome) == ("run", "run")
+        assert upgraded.run(Finish("k", "j1", False, HOUR, attempt=1)).released
+        with upgraded._pool().connection() as conn:
+            newer = SCHEMA_VERSION + 1
+            conn.execute(f"INSERT INTO {upgraded.where}{upgraded.version_table} VALUES ({newer})")
+            conn.commit()
+    finally:
+        upgraded.close()
+    older = PostgresStore(postgres_url, key_prefix=key_prefix)
+    try:
+        with pytest.raises(ConfigError, match="newer than this taskdedup knows"):
+            older.run(Inspect("k"))
+    finally:
+        older.close()

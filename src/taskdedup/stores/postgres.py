@@ -191,6 +191,12 @@ class PostgresStore(Store):
         found = self.schema_version(pool)
         if found == SCHEMA_VERSION:
             return
+        if found > SCHEMA_VERSION:
+            raise ConfigError(
+                f"the taskdedup tables for key_prefix {self.prefix!r} are at schema version "
+                f"{found}, newer than this taskdedup knows ({SCHEMA_VERSION}): upgrade "
+                "taskdedup on this host"
+            )
         if not self.migrate_on_use:
             raise ConfigError(
                 f"the taskdedup tables for key_prefix {self.prefix!r} are at schema version "
@@ -235,11 +241,7 @@ class PostgresStore(Store):
         with self._pool().connection() as conn, _answering():
             tables_ = f"{self.where}{self.table}, {self.where}{self.version_table}"
             conn.execute(f"DROP TABLE IF EXISTS {tables_}")
-            for function in (
-                *functions(self.prefix, self.where),
-                self.where + self.table.removesuffix("_records") + "_note",
-                self.where + self.table.removesuffix("_records") + "_confirm",
-            ):
+            for function in functions(self.prefix, self.where):
                 conn.execute(f"DROP FUNCTION IF EXISTS {function}")
             conn.commit()
 

@@ -4,11 +4,14 @@ transaction (see ``transactions.py``).
 On its ordinary path an enqueue, a peek, a claim, a finish or a batch of confirmations is one
 statement, one round trip: a function (``<prefix>_acquire``, ``_claim``, ``_finish``,
 ``_confirm``) that locks the key, reads its rows and writes the change, the twin of the shared
-transition for that path (:func:`one_statement`). Off it the function writes nothing and
-answers FALLBACK, and the operation takes the general way, as every other operation does: two
-round trips in psycopg's pipeline mode. Round trip 1 begins, takes the keys' advisory locks,
-reads the clock and the rows (``<prefix>_open``); the shared transition runs on them here;
-round trip 2 writes what changed (``<prefix>_save``) and commits.
+transition for that path (:func:`one_statement`). Off it a claim or a finish writes nothing and
+answers :class:`Fallback`, the rows it read and their digest; the shared transition runs on
+them here and its writes go out in a second statement that writes only if the rows still
+match the digest (``<prefix>_save_if``). Every other operation, and one whose rows changed in
+between, takes the general way: two round trips in psycopg's pipeline mode. Round trip 1
+begins, takes the keys' advisory locks, reads the clock and the rows (``<prefix>_open``); the
+shared transition runs on them here; round trip 2 writes what changed (``<prefix>_save``) and
+commits.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -133,14 +137,32 @@ class _Call:
         dt, dp = [t for t, _ in deletes], [p for _, p in deletes]
         return [(s.sql.save, (wt, wp, wb, we, dt, dp, now_us // 1000, purge))]
 
+    def closing_if(self, read: Fallback) -> tuple[str, tuple[Any, ...]] | None:
+        """Run the transition on the rows a one-statement function read before it fell back;
+        the statement that writes its changes if those rows are still as read (None: nothing
+        to write, the answer stands)."""
+        rows: list[Row] = [tuple(row) for row in json.loads(read.rows)]
+        closing = self.closing([("", "", "", read.now_us), *rows])
+        if not closing:
+            return None
+        s, jobs = self.store, sorted(self.jobs)
+        keys = (s.class_id, self.tags, [t for t, _ in jobs], [p for _, p in jobs], read.seen)
+        return s.sql.save_if, (*keys, *closing[0][1], str(s.timeout_ms), s.synchronous_commit)
+
 
 JOINS: frozenset[type[Any]] = frozenset(
     (Acquire, Peek, Remember, Reserve, ReserveAll, Pace, MarkTick)
 )
 
 
-#: An answer of a one-statement function that says: take the open/save path instead.
-FALLBACK = object()
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fallback:
+    """A one-statement function's answer for a case off its path: it wrote nothing, and read
+    these rows (``<prefix>_seen``'s JSON) at ``now_us``; ``seen`` is their digest."""
+
+    now_us: int
+    seen: str
+    rows: str
 
 
 def one_statement(
@@ -148,7 +170,7 @@ def one_statement(
 ) -> tuple[str, tuple[Any, ...], Callable[[Any], Any]] | None:
     """The statement that answers ``op`` in one round trip on its ordinary path, its
     arguments and how to read its row; None: ``op`` takes the open/save path. The functions
-    answer FALLBACK (having written nothing) for a case off that path. Each is safe to send
+    answer :class:`Fallback` (having written nothing) for a case off that path. Each is safe to send
     again when its reply was lost: an acquire of the same job id is the holder's, a claim
     carrying the same nonce is answered as it was, a finish is done already."""
     wait, sync = (None, None) if joined else (str(store.timeout_ms), store.synchronous_commit)
@@ -198,36 +220,46 @@ def acquired(row: Any) -> AcquireReply | None:
     return AcquireReply(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5])
 
 
-def claimed(row: Any) -> Any:
+def claimed(row: Any) -> ClaimReply | Fallback:
     if row[0] == "fallback":
-        return FALLBACK
+        return Fallback(int(row[1]), row[2], row[3])
     return ClaimReply("run", int(row[1]), 1, "")  # (the owner is filled in by the caller)
 
 
-def finished(row: Any) -> Any:
+def finished(row: Any) -> FinishReply | Fallback:
     if row[0] == "fallback":
-        return FALLBACK
+        return Fallback(int(row[1]), row[2], row[3])
     return FinishReply(row[0] == "released")
 
 
 def run_own(store: PostgresStore, op: Op[R]) -> R:
-    """``op`` in a transaction of the store's own: two round trips, retried on a deadlock or
-    a serialization failure, and once on a new connection when a pooled one the server had
-    closed (a restart) fails before anything was written."""
+    """``op`` in a transaction of the store's own: one statement on its ordinary path, else
+    two (see the module's docstring); retried on a deadlock or a serialization failure, and
+    once on a new connection when a pooled one the server had closed (a restart) fails
+    before anything was written."""
     extra: list[tuple[str, str]] = []
     reconnects, slow = 1, False
     with _answering():
         for attempt in range(8):
-            call = _Call(store, op, extra)
+            call: _Call | None = None
             try:
                 pool = store._ready_pool()
                 fast = None if slow else one_statement(store, op, False)
                 if fast is not None:  # one round trip: its own transaction (autocommit)
                     with pool.connection() as conn:
                         answer = fast[2](conn.execute(fast[0], fast[1]).fetchone())
-                    if answer is not FALLBACK:
+                    if not isinstance(answer, Fallback):
                         return cast(R, _owned(op, answer))
-                    slow = True  # (the open/save path from here on)
+                    slow = True  # (the open/save way, if the second statement cannot write)
+                    call = _Call(store, op, extra)
+                    save = call.closing_if(answer)
+                    if save is None:
+                        return cast(R, call.answer)
+                    with pool.connection() as conn:
+                        if conn.execute(*save).fetchone()[0]:
+                            return cast(R, call.answer)
+                    continue  # the rows changed in between
+                call = _Call(store, op, extra)
                 with pool.connection() as conn, _rolled_back(conn), conn.pipeline():
                     rows = [conn.execute(q, a) for q, a in call.opening()][1].fetchall()
                     for q, a in call.closing(rows):
@@ -239,7 +271,7 @@ def run_own(store: PostgresStore, op: Op[R]) -> R:
             except _AGAIN:
                 time.sleep(random.uniform(0, 0.002 * 2**attempt))
             except psycopg.OperationalError:
-                if call.wrote or not reconnects:
+                if (call is not None and call.wrote) or not reconnects:
                     raise  # the writes may have been committed: not ours to send twice
                 reconnects -= 1
                 store._pool().check()  # the server restarted: drop every dead connection
@@ -252,16 +284,23 @@ async def arun_own(store: PostgresStore, op: Op[R]) -> R:
     reconnects, slow = 1, False
     with _answering():
         for attempt in range(8):
-            call = _Call(store, op, extra)
+            call: _Call | None = None
             try:
                 async with (await store._apool()).connection() as conn:
                     fast = None if slow else one_statement(store, op, False)
                     if fast is not None:
                         row = await (await conn.execute(fast[0], fast[1])).fetchone()
-                        if (answer := fast[2](row)) is not FALLBACK:
+                        if not isinstance(answer := fast[2](row), Fallback):
                             return cast(R, _owned(op, answer))
                         slow = True
+                        call = _Call(store, op, extra)
+                        save = call.closing_if(answer)
+                        if save is None:
+                            return cast(R, call.answer)
+                        if (await (await conn.execute(*save)).fetchone())[0]:
+                            return cast(R, call.answer)
                         continue
+                    call = _Call(store, op, extra)
                     try:
                         async with conn.pipeline():
                             opened = [await conn.execute(q, a) for q, a in call.opening()]
@@ -278,7 +317,7 @@ async def arun_own(store: PostgresStore, op: Op[R]) -> R:
             except _AGAIN:
                 await asyncio.sleep(random.uniform(0, 0.002 * 2**attempt))
             except psycopg.OperationalError:
-                if call.wrote or not reconnects:
+                if (call is not None and call.wrote) or not reconnects:
                     raise
                 reconnects -= 1
                 await (await store._apool()).check()

@@ -1,6 +1,11 @@
-"""The PostgreSQL schema: the records table (``sql.schema``) and two functions, so that an
-operation is two short statements: ``<base>_open`` (lock the keys, read the clock and the
-rows) and ``<base>_save`` (write the changes, purge a batch of expired rows).
+"""The PostgreSQL schema: the records table (``sql.schema``) and the functions operations call.
+
+The general way is two short statements: ``<base>_open`` (lock the keys, read the clock and
+the rows) and ``<base>_save`` (write the changes, purge a batch of expired rows). The common
+operations each have a one-statement twin of their ordinary path (``_acquire``, ``_claim``,
+``_finish``, ``_confirm``). Off that path ``_claim`` and ``_finish`` write nothing and answer
+the rows they read with a digest (``_seen``); the caller's writes then go out only if the
+rows still match it (``_save_if``): two statements in all.
 
 Functions rather than statements sent each time: PL/pgSQL plans its queries once per server
 connection, with no prepared statement in the session (so PgBouncer's transaction pooling is
@@ -8,6 +13,8 @@ fine), where a fresh statement is planned on every call (about 0.6 ms of an oper
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from .base import HISTORY_MS, HISTORY_SIZE
 from .sql import SCHEMA_VERSION, schema, tables
@@ -29,20 +36,70 @@ def qualifier(schema_name: str) -> str:
     return '"' + schema_name.replace('"', '""') + '".'
 
 
-def functions(key_prefix: str, where: str = "") -> tuple[str, str, str, str, str]:
-    """The names of the open, save, acquire, claim and finish functions of ``key_prefix``."""
+class Functions(NamedTuple):
+    """The qualified names of a prefix's functions."""
+
+    open: str
+    save: str
+    acquire: str
+    claim: str
+    finish: str
+    note: str
+    confirm: str
+    seen: str
+    save_if: str
+
+
+def functions(key_prefix: str, where: str = "") -> Functions:
+    """The names of ``key_prefix``'s functions (``<base>_open``, ...)."""
     base = where + tables(key_prefix)[0].removesuffix("_records")
-    return tuple(base + "_" + name for name in ("open", "save", "acquire", "claim", "finish"))  # type: ignore[return-value]
+    return Functions(*(f"{base}_{name}" for name in Functions._fields))
+
+
+#: The signatures whose answers version 2 widened (CREATE OR REPLACE cannot change them).
+WIDENED = {
+    "claim": "int, text, text, text, bigint, bigint, bigint, text, text, text, text, boolean, "
+    "boolean",
+    "finish": "int, text, text, boolean, bigint, bigint, text, text, boolean, boolean",
+}
+
+
+def _widen(name: str, signature: str) -> str:
+    """Drop a version-1 function whose answer version 2 widened (``o_seen``, ``o_rows`` added
+    at the end, so a version-1 client reading the first columns still works): once only."""
+    return f"""DO $$ BEGIN
+  IF to_regprocedure('{name}({signature})') IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_proc
+      WHERE oid = to_regprocedure('{name}({signature})') AND 'o_rows' = ANY(proargnames)) THEN
+    DROP FUNCTION {name}({signature});
+  END IF;
+END $$"""
 
 
 def postgres_schema(key_prefix: str, where: str) -> list[str]:
     """Every statement of the current schema, each safe to run again."""
     t = where + tables(key_prefix)[0]
-    open_, save, acquire, claim, finish = functions(key_prefix, where)
-    note = open_.removesuffix("_open") + "_note"
-    confirm = open_.removesuffix("_open") + "_confirm"
+    f = functions(key_prefix, where)
+    open_, save, acquire, claim, finish, note, confirm = f[:7]
     return [
         *schema(key_prefix, where=where),
+        *(_widen(getattr(f, name), signature) for name, signature in WIDENED.items()),
+        f"""CREATE OR REPLACE FUNCTION {f.seen}(tags text[], jtags text[], jparts text[])
+RETURNS text LANGUAGE sql STABLE AS $$
+-- The rows <base>_open reads (the keys' own rows but their jobs', the jobs named, the job of
+-- each key's lock and run holder) as one JSON text in a set order: what a one-statement
+-- function read before it answered 'fallback', and what <base>_save_if compares with.
+  SELECT coalesce(json_agg(json_build_array(x.tag, x.part, x.body, x.expires_at)
+    ORDER BY x.tag, x.part), '[]')::text FROM (
+    SELECT r.tag, r.part, r.body, r.expires_at FROM {t} AS r
+      WHERE r.tag = ANY(tags) AND r.part NOT LIKE 'job:%'
+    UNION
+    SELECT r.tag, r.part, r.body, r.expires_at FROM {t} AS r
+      JOIN unnest(jtags, jparts) AS w(tag, part) ON r.tag = w.tag AND r.part = w.part
+    UNION
+    SELECT j.tag, j.part, j.body, j.expires_at FROM {t} AS l JOIN {t} AS j
+      ON j.tag = l.tag AND j.part = 'job:' || (l.body::json ->> 'j')
+      WHERE l.tag = ANY(tags) AND l.part IN ('lock', 'run')) AS x
+$$""",
         f"""CREATE OR REPLACE FUNCTION {confirm}(cls int, keys text[], jobs text[], wait_ms text,
     sync text)
 RETURNS bigint LANGUAGE plpgsql AS $$
@@ -95,32 +152,37 @@ END $$""",
         f"""CREATE OR REPLACE FUNCTION {claim}(cls int, k text, job text, owner text,
     lease bigint, memory bigint, attempt bigint, nonce text, mode text, wait_ms text,
     sync text, history boolean, handoff boolean)
-RETURNS TABLE (o_outcome text, o_fence bigint)
+RETURNS TABLE (o_outcome text, o_fence bigint, o_seen text, o_rows text)
 LANGUAGE plpgsql AS $$
 -- A job's first claim in one statement (transitions.claim's twin on its ordinary path: no
 -- record of the job yet, its own queued lock, no debounce, no run owed to hand the lock to).
--- Anything else (a redelivery, a stale copy, a debounced run, a hand-off) answers
--- 'fallback', having written nothing, and takes the open/save path.
+-- Anything else (a redelivery, a stale copy, a debounced run, a hand-off) writes nothing and
+-- answers 'fallback' with the rows <base>_open would read (the clock first) and their
+-- digest: the caller runs the shared transition on them and writes with <base>_save_if.
 DECLARE
+  now_us bigint;
   now_ms bigint;
   jb jsonb;
   lb jsonb;
   fence bigint;
+  v text;
 BEGIN
 {SETTINGS}  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
-  now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+  now_ms := now_us / 1000;
   SELECT r.body::jsonb INTO jb FROM {t} AS r
     WHERE r.tag = k AND r.part = 'job:' || job AND r.expires_at > now_ms;
   IF nonce <> '' AND jb->>'k' = nonce AND jb->>'s' = 'r' AND (jb->>'a')::int = 1 THEN
     -- this very claim, sent again (its reply was lost with its connection): its answer
-    RETURN QUERY SELECT 'run'::text, (jb->>'f')::bigint;
+    RETURN QUERY SELECT 'run'::text, (jb->>'f')::bigint, NULL::text, NULL::text;
     RETURN;
   END IF;
   SELECT r.body::jsonb INTO lb FROM {t} AS r
     WHERE r.tag = k AND r.part = 'lock' AND r.expires_at > now_ms;
   IF jb IS NOT NULL OR lb IS NULL OR lb->>'j' <> job OR lb->>'s' <> 'q' OR lb ? 'u'
      OR (mode = 'release' AND handoff AND (lb->>'d')::bigint > 0) THEN
-    RETURN QUERY SELECT 'fallback'::text, 0::bigint;
+    v := {f.seen}(ARRAY[k], ARRAY[k], ARRAY['job:' || job]);
+    RETURN QUERY SELECT 'fallback'::text, now_us, md5(v), v;
     RETURN;
   END IF;
   fence := (lb->>'f')::bigint;
@@ -140,29 +202,33 @@ BEGIN
     now_ms + lease + memory)
     ON CONFLICT (tag, part) DO UPDATE SET body = excluded.body,
       expires_at = excluded.expires_at;
-  RETURN QUERY SELECT 'run'::text, fence;
+  RETURN QUERY SELECT 'run'::text, fence, NULL::text, NULL::text;
 END $$""",
         f"""CREATE OR REPLACE FUNCTION {finish}(cls int, k text, job text, throttle boolean,
     memory bigint, attempt bigint, wait_ms text, sync text, history boolean, handoff boolean)
-RETURNS TABLE (o_outcome text)
+RETURNS TABLE (o_outcome text, o_now bigint, o_seen text, o_rows text)
 LANGUAGE plpgsql AS $$
 -- A job's end in one statement (transitions.finish's twin on its ordinary path: not stale,
--- no run owed to hand the lock to, no stop asked). Anything else answers 'fallback', having
--- written nothing, and takes the open/save path.
+-- no run owed to hand the lock to, no stop asked). Anything else writes nothing and answers
+-- 'fallback' with the rows and their digest, as <base>_claim does.
 DECLARE
+  now_us bigint;
   now_ms bigint;
   jb jsonb;
   lb jsonb;
+  v text;
 BEGIN
 {SETTINGS}  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
-  now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+  now_ms := now_us / 1000;
   SELECT r.body::jsonb INTO jb FROM {t} AS r
     WHERE r.tag = k AND r.part = 'job:' || job AND r.expires_at > now_ms;
   SELECT r.body::jsonb INTO lb FROM {t} AS r
     WHERE r.tag = k AND r.part = 'lock' AND r.expires_at > now_ms;
   IF (attempt IS NOT NULL AND jb->>'n' IS NOT NULL AND attempt < (jb->>'n')::bigint)
      OR (lb->>'j' = job AND (lb ? 'x' OR (handoff AND (lb->>'d')::bigint > 0))) THEN
-    RETURN QUERY SELECT 'fallback'::text;
+    v := {f.seen}(ARRAY[k], ARRAY[k], ARRAY['job:' || job]);
+    RETURN QUERY SELECT 'fallback'::text, now_us, md5(v), v;
     RETURN;
   END IF;
   IF jb ? 's' THEN  -- done: remembered for redelivered copies
@@ -179,7 +245,7 @@ BEGIN
     DELETE FROM {t} AS r WHERE r.tag = k AND r.part = 'run' AND r.body::jsonb->>'j' = job;
   END IF;
   IF lb IS NULL OR lb->>'j' <> job THEN
-    RETURN QUERY SELECT 'kept'::text;  -- not its lock (any more): nothing released
+    RETURN QUERY SELECT 'kept'::text, now_us, NULL::text, NULL::text;  -- not its lock
     RETURN;
   END IF;
   IF history AND (lb->>'d')::bigint > 0 THEN  -- the duplicates it answered, in the history
@@ -192,7 +258,7 @@ BEGIN
   ELSE
     DELETE FROM {t} AS r WHERE r.tag = k AND r.part = 'lock';
   END IF;
-  RETURN QUERY SELECT 'released'::text;
+  RETURN QUERY SELECT 'released'::text, now_us, NULL::text, NULL::text;
 END $$""",
         f"""CREATE OR REPLACE FUNCTION {acquire}(cls int, k text, job text, ttl bigint,
     grace bigint, counted boolean, task text, wait_ms text, sync text, purge_n int,
@@ -299,6 +365,25 @@ BEGIN
       WHERE expires_at <= purge_before LIMIT purge_n FOR UPDATE SKIP LOCKED));
   END IF;
 END $$""",
+        f"""CREATE OR REPLACE FUNCTION {f.save_if}(cls int, tags text[], jtags text[],
+    jparts text[], seen text, wtags text[], wparts text[], bodies text[], exps bigint[],
+    dtags text[], dparts text[], purge_before bigint, purge_n int, wait_ms text, sync text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+-- The second round trip after a one-statement function answered 'fallback': lock the keys
+-- again and, if their rows are still the ones it read (the digest it answered), write the
+-- shared transition's changes as <base>_save does; else write nothing and answer false (the
+-- caller then takes the open/save way).
+DECLARE h int;
+BEGIN
+{SETTINGS}  FOR h IN SELECT DISTINCT hashtext(x) FROM unnest(tags) AS x ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(cls, h);
+  END LOOP;
+  IF md5({f.seen}(tags, jtags, jparts)) IS DISTINCT FROM seen THEN
+    RETURN false;
+  END IF;
+  PERFORM {save}(wtags, wparts, bodies, exps, dtags, dparts, purge_before, purge_n);
+  RETURN true;
+END $$""",
     ]
 
 
@@ -320,8 +405,8 @@ class Queries:
 
     def __init__(self, key_prefix: str, where: str) -> None:
         t = where + tables(key_prefix)[0]
-        open_, save, acquire, claim, finish = functions(key_prefix, where)
-        self.confirm = f"SELECT {open_.removesuffix('_open')}_confirm(%s, %s, %s, %s, %s)"
+        open_, save, acquire, claim, finish, _, confirm, _, save_if = functions(key_prefix, where)
+        self.confirm = f"SELECT {confirm}(%s, %s, %s, %s, %s)"
         self.claim = f"SELECT * FROM {claim}({', '.join(['%s'] * 13)})"
         self.finish = f"SELECT * FROM {finish}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         self.acquire = f"SELECT * FROM {acquire}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -330,6 +415,7 @@ class Queries:
             f"SELECT {save}(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
             "%s::text[], %s, %s)"
         )
+        self.save_if = f"SELECT {save_if}({', '.join(['%s'] * 15)})"
         #: the tools' scans: the clock, then every live row (no locks)
         self.all = (
             "SELECT NULL, NULL, NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"

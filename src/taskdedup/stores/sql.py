@@ -38,7 +38,9 @@ from .base import (
 from .records import Fields, Records
 
 #: The schema version this code writes and reads; ``taskdedup migrate`` brings a database to it.
-SCHEMA_VERSION = 1
+#: Bump it whenever a table or a PostgreSQL function changes. 2: the one-statement claim and
+#: finish answer the rows they read when they fall back (``<prefix>_seen``, ``_save_if``).
+SCHEMA_VERSION = 2
 
 #: How many expired rows one purge step removes (a step rides along with normal writes).
 PURGE_BATCH = 200

@@ -81,6 +81,26 @@ class Worker:
         )
         log.close()
 
+    def crashed_at(self) -> float | None:
+        """When this incarnation's log said Celery gave up ("Unrecoverable error": kombu's
+        reconnect crashes the consumer at a broker restart, kombu 5.7), as the log file's
+        modification time once it says so; None: it did not."""
+        log = self.logs / f"worker-{self.tag}.log"
+        try:
+            if b"Unrecoverable error" in log.read_bytes():
+                return log.stat().st_mtime
+        except OSError:
+            pass
+        return None
+
+    def log_tail(self, lines: int = 15) -> list[str]:
+        """The last lines of this incarnation's log (for a report)."""
+        try:
+            text = (self.logs / f"worker-{self.tag}.log").read_text(errors="replace")
+        except OSError:
+            return []
+        return [line[:300] for line in text.splitlines()[-lines:]]
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 

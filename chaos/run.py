@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 import shutil
 import tempfile
@@ -78,6 +79,10 @@ class Options:
 
 #: the stores the soak can run on (``--store``)
 STORES = ("redis", "postgres")
+#: How long a worker that said Celery gave up may take to exit (its warm shutdown lets the
+#: bodies running end: a few seconds) before the supervisor's kill -9, as systemd's
+#: TimeoutStopSec would.
+WORKER_STOP_TIMEOUT = 20.0
 
 
 def say(message: str) -> None:
@@ -103,6 +108,8 @@ class Soak:
         self.workers: list[Worker] = []
         self.restarts = 0
         self.deaths: list[float] = []  # whole workers found dead (not killed by us): crashes
+        self.hung: list[dict[str, Any]] = []  # workers that gave up but did not exit
+        self.stuck: dict[str, Any] = {}  # what kept the queues from draining, if they did not
         self.max_held_seen = 0
         self.lock = threading.Lock()
 
@@ -244,7 +251,20 @@ class Soak:
             time.sleep(0.5)
 
     def restart_dead(self) -> None:
+        """Start again a worker found dead, as a supervisor would; and, as its stop timeout
+        would, kill -9 one that said Celery gave up (see Worker.crashed_at) but is still
+        there after WORKER_STOP_TIMEOUT: its consumer is gone, so it holds its messages and
+        takes no more."""
         for worker in self.workers:
+            crashed = worker.crashed_at() if worker.alive() else None
+            if crashed is not None and time.time() - crashed > WORKER_STOP_TIMEOUT:
+                self.hung.append({"worker": worker.tag, "t": time.time(), "log": worker.log_tail()})
+                pids = worker.kill_all()
+                if pids:
+                    self.records.hdel(RUNNING, *[str(p) for p in pids])
+                self.kills.append(
+                    {"t": time.time(), "pids": pids, "kind": "worker", "worker": worker.tag}
+                )
             if not worker.alive():
                 self.deaths.append(time.time())
                 worker.start()
@@ -322,9 +342,64 @@ class Soak:
                 if quiet >= 3:
                     return True
                 time.sleep(1.0)
+            self.stuck = self.what_is_stuck(broker)
             return False
         finally:
             broker.close()
+
+    def what_is_stuck(self, broker: redis.Redis) -> dict[str, Any]:  # type: ignore[type-arg]
+        """What kept the queues from draining, for the report: the broker's lists and unacked
+        messages (task, job, seconds since delivered, ETA), the bodies the records say run
+        (and whether their processes live), each worker's state and the end of its log."""
+        now = time.time()
+        lists = {}
+        for name in broker.scan_iter(count=1000):
+            if broker.type(name) == "list":
+                lists[name] = broker.llen(name)
+        delivered = {
+            tag: float(t) for tag, t in broker.zrange("unacked_index", 0, -1, withscores=True)
+        }
+        unacked = []
+        for tag, raw in list(broker.hgetall("unacked").items())[:50]:
+            try:
+                message = json.loads(raw)[0]
+                headers = message.get("headers", {})
+                unacked.append(
+                    {
+                        "task": headers.get("task"),
+                        "job": headers.get("id"),
+                        "eta": headers.get("eta"),
+                        "retries": headers.get("retries"),
+                        "seconds_since_delivered": round(now - delivered.get(tag, now), 1),
+                    }
+                )
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+                unacked.append({"raw": str(raw)[:200]})
+        running = []
+        for pid, job in self.records.hgetall(RUNNING).items():
+            try:
+                os.kill(int(pid), 0)
+                alive = True
+            except OSError:
+                alive = False
+            running.append({"pid": int(pid), "job": job, "process_alive": alive})
+        workers = [
+            {
+                "worker": w.tag,
+                "alive": w.alive(),
+                "children": w.children(),
+                "crashed_at": w.crashed_at(),
+                "log": w.log_tail(),
+            }
+            for w in self.workers
+        ]
+        return {
+            "lists": lists,
+            "unacked": broker.hlen("unacked"),
+            "unacked_sample": unacked,
+            "running": running,
+            "workers": workers,
+        }
 
     def verdict(self, drained: bool) -> dict[str, Any]:
         now = time.time()
@@ -375,6 +450,8 @@ class Soak:
             "options": {k: str(v) for k, v in dataclasses.asdict(self.o).items()},
             "store": {"kind": self.o.store, "durability": self.store.durability},
             "drained": drained,
+            "stuck": self.stuck,
+            "workers_hung_after_crash": self.hung,
             "totals": {
                 "submissions": len(submits),
                 "accepted_fresh": sum(1 for e in submits if "job" in e and not e["dedup"]),

@@ -30,6 +30,26 @@ SETTINGS = """  IF wait_ms IS NOT NULL THEN
 """
 
 
+#: How a one-statement function on one key starts: its settings, the key's advisory lock (the
+#: transaction's), then the database's clock read after it.
+BEGIN_KEY = (
+    SETTINGS
+    + """  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
+  now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+  now_ms := now_us / 1000;
+"""
+)
+
+
+def _read_job_and_lock(table: str) -> str:
+    """The claim's and the finish's reads: the job's live record (jb) and the key's live
+    lock (lb), each NULL when absent or expired."""
+    return f"""  SELECT r.body::jsonb INTO jb FROM {table} AS r
+    WHERE r.tag = k AND r.part = 'job:' || job AND r.expires_at > now_ms;
+  SELECT r.body::jsonb INTO lb FROM {table} AS r
+    WHERE r.tag = k AND r.part = 'lock' AND r.expires_at > now_ms;"""
+
+
 def qualifier(schema_name: str) -> str:
     """``"name".``: what starts every name of ours, so that a session with another search
     path (a caller's transaction we join: a tenant's schema, a test's) finds them."""
@@ -167,18 +187,12 @@ DECLARE
   fence bigint;
   v text;
 BEGIN
-{SETTINGS}  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
-  now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-  now_ms := now_us / 1000;
-  SELECT r.body::jsonb INTO jb FROM {t} AS r
-    WHERE r.tag = k AND r.part = 'job:' || job AND r.expires_at > now_ms;
+{BEGIN_KEY}{_read_job_and_lock(t)}
   IF nonce <> '' AND jb->>'k' = nonce AND jb->>'s' = 'r' AND (jb->>'a')::int = 1 THEN
     -- this very claim, sent again (its reply was lost with its connection): its answer
     RETURN QUERY SELECT 'run'::text, (jb->>'f')::bigint, NULL::text, NULL::text;
     RETURN;
   END IF;
-  SELECT r.body::jsonb INTO lb FROM {t} AS r
-    WHERE r.tag = k AND r.part = 'lock' AND r.expires_at > now_ms;
   IF jb IS NOT NULL OR lb IS NULL OR lb->>'j' <> job OR lb->>'s' <> 'q' OR lb ? 'u'
      OR (mode = 'release' AND handoff AND (lb->>'d')::bigint > 0) THEN
     v := {f.seen}(ARRAY[k], ARRAY[k], ARRAY['job:' || job]);
@@ -218,13 +232,7 @@ DECLARE
   lb jsonb;
   v text;
 BEGIN
-{SETTINGS}  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
-  now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-  now_ms := now_us / 1000;
-  SELECT r.body::jsonb INTO jb FROM {t} AS r
-    WHERE r.tag = k AND r.part = 'job:' || job AND r.expires_at > now_ms;
-  SELECT r.body::jsonb INTO lb FROM {t} AS r
-    WHERE r.tag = k AND r.part = 'lock' AND r.expires_at > now_ms;
+{BEGIN_KEY}{_read_job_and_lock(t)}
   IF (attempt IS NOT NULL AND jb->>'n' IS NOT NULL AND attempt < (jb->>'n')::bigint)
      OR (lb->>'j' = job AND (lb ? 'x' OR (handoff AND (lb->>'d')::bigint > 0))) THEN
     v := {f.seen}(ARRAY[k], ARRAY[k], ARRAY['job:' || job]);
@@ -276,10 +284,7 @@ DECLARE
   b jsonb;
   expires bigint;
 BEGIN
-{SETTINGS}  PERFORM pg_advisory_xact_lock(cls, hashtext(k));
-  now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-  now_ms := now_us / 1000;
-  IF purge_n > 0 THEN  -- a batch of expired rows, as <prefix>_save removes one
+{BEGIN_KEY}  IF purge_n > 0 THEN  -- a batch of expired rows, as <prefix>_save removes one
     DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t}
       WHERE expires_at <= now_ms LIMIT purge_n FOR UPDATE SKIP LOCKED));
   END IF;

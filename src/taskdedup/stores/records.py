@@ -65,14 +65,19 @@ class Records(abc.ABC):
         return f"{self.prefix}:{{{key}}}:{part}"
 
     def get(self, name: str) -> Fields | None:
-        """A live record's fields; an expired one is dropped and reads as absent."""
+        """A live record's fields; an expired one reads as absent (see :meth:`expired`)."""
         found = self.entry(name)
         if found is None:
             return None
         if found[1] <= self.now:
-            self.drop(name)
+            self.expired(name)
             return None
         return found[0]
+
+    def expired(self, name: str) -> None:
+        """What reading an expired record does: drop it. A store that purges expired records
+        on its own (the SQL stores) forgets it instead, so that a read stays a read."""
+        self.drop(name)
 
     def put(self, name: str, fields: Fields, expires: int) -> None:
         self.write(name, fields, expires)

@@ -118,18 +118,11 @@ class Rows(Records):
                 self._keep(row)
         return self.cache[at]
 
-    def get(self, name: str) -> Fields | None:
-        """A live record's fields; an expired one reads as absent and is left to the purge
-        (a read stays a read: no delete for it)."""
-        found = self.entry(name)
-        if found is None:
-            return None
-        if found[1] <= self.now:
-            at = split(self.prefix, name)
-            self.cache[at] = None
-            self.read.pop(at, None)
-            return None
-        return found[0]
+    def expired(self, name: str) -> None:
+        """An expired row reads as absent and is left to the purge (no delete for it)."""
+        at = split(self.prefix, name)
+        self.cache[at] = None
+        self.read.pop(at, None)
 
     def write(self, name: str, fields: Fields, expires: int) -> None:
         self.cache[split(self.prefix, name)] = (fields, expires)

@@ -100,7 +100,15 @@ def test_the_asyncio_path_takes_as_many(
         assert (await store.arun(Acquire("k", "j1", HOUR, HOUR))).acquired
         assert proxy.turns - before == 1
         before = proxy.turns
-        await store.arun(Claim("k", "j1", "w", 30_000, HOUR, "hold", False, HOUR))
+        await store.arun(Claim("k", "j1", "w", 30_000, HOUR, "hold", False, HOUR, 0))
+        assert proxy.turns - before == 1
+        await store.arun(Retry("k", "j1", HOUR, attempt=1))
+        await store.arun(Confirm((("k", "j1"),)))
+        before = proxy.turns  # off the path: the retry's claim writes in a second statement
+        retried = await store.arun(Claim("k", "j1", "w", 30_000, HOUR, "hold", False, HOUR, 1))
+        assert proxy.turns - before == 2 and retried.outcome == "run"
+        before = proxy.turns
+        assert (await store.arun(Finish("k", "j1", False, HOUR, attempt=1))).released
         assert proxy.turns - before == 1
         await store.aclose()
 

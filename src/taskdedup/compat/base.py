@@ -1,0 +1,257 @@
+"""What both drop-ins share: a Celery Task whose dedup is taskdedup's, plus the peer's key.
+
+A subclass says four things about its peer: the peer's key of a call (:meth:`peer_key`), the
+peer's ttl (:meth:`peer_ttl_ms`), taskdedup's policy that matches the peer's options
+(:meth:`peer_policy`), and what a duplicate gets (:meth:`peer_duplicate`). Everything else is
+here, once:
+
+- taskdedup is installed on the task's app when the task is bound (``install(app)``, with the
+  peer's Redis as the store when neither broker nor result backend is Redis);
+- ``apply_async`` takes the peer's key (:mod:`.mirror`), then publishes through taskdedup,
+  which takes its own lock; a publish that fails gives the peer's key back;
+- on the worker, the body runs under taskdedup's claim and lease; the peer's key goes on the
+  same lease while it runs, back on the peer's ttl for a retry, and is deleted at the end
+  (``release_peer``), on revoke and on expiry.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from celery import Task, signals
+from kombu.utils.uuid import uuid
+
+from ..errors import ConfigError
+from .mirror import KEEPER, PEER_KEY_HEADER, RedisMirror
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
+
+
+class CompatTask(Task):  # type: ignore[misc]
+    """The shared base of :class:`~taskdedup.compat.celery_once.QueueOnce` and
+    :class:`~taskdedup.compat.celery_singleton.Singleton`."""
+
+    abstract = True
+    #: taskdedup's fast path for keys seen held lately would answer before the peer's rules;
+    #: a compat task always takes the full path (a non-None value makes the wrapper skip it).
+    _taskdedup_apply_async: ClassVar[Any] = False
+    #: celery-once's producers write a meaningless token, so its worker adopts any holder.
+    adopts_any_holder: ClassVar[bool] = False
+    #: options of ``apply_async`` that the peer reads and taskdedup does not send
+    peer_options: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------ what a peer says
+
+    def peer_key(self, args: Any, kwargs: Any) -> str:
+        raise NotImplementedError
+
+    def peer_ttl_ms(self, options: dict[str, Any]) -> int | None:
+        raise NotImplementedError
+
+    def peer_policy(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def peer_mirror(self) -> RedisMirror | None:
+        """The peer's key store, or None when the peer's backend is not Redis."""
+        raise NotImplementedError
+
+    def peer_url(self) -> str | None:
+        """The peer's Redis URL, the store's default when the app has no Redis."""
+        return None
+
+    def peer_duplicate(self, key: str, holder: str | None, options: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def peer_take(self, key: str, task_id: str, options: dict[str, Any]) -> Any:
+        """Take the peer's key for ``task_id``; None if taken, else the duplicate's answer."""
+        mirror = self.peer_mirror()
+        if mirror is None or mirror.take(key, task_id, self.peer_ttl_ms(options)):
+            return None
+        return self.peer_duplicate(key, None, options)
+
+    def peer_give_back(self, key: str, task_id: str) -> None:
+        mirror = self.peer_mirror()
+        if mirror is not None:
+            mirror.release(key, task_id)
+
+    # ------------------------------------------------------------ taskdedup's side
+
+    @property
+    def deduplicate(self) -> dict[str, Any]:
+        """taskdedup's policy for this task, translated from the peer's options."""
+        return self.peer_policy()
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        super().on_bound(app)
+        _install(app, cls)
+
+    # ------------------------------------------------------------ the producer
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **call: Any) -> Any:
+        options = {k: v for k, v in call.items() if k not in self.peer_options}
+        if options.get("retries"):  # Task.retry: this job's own republish keeps its locks
+            key = self._request_peer_key(args, kwargs)
+            mirror = self.peer_mirror()
+            if mirror is not None and key is not None:
+                KEEPER.drop(mirror, key)
+                mirror.hold(key, str(options.get("task_id")), self.peer_ttl_ms(call))
+            return super().apply_async(args, kwargs, **options)
+        key = self.peer_key(args, kwargs)
+        task_id = options.pop("task_id", None) or uuid()
+        answer = self.peer_take(key, task_id, call)
+        if answer is not None:
+            return answer
+        headers = {**(options.pop("headers", None) or {}), PEER_KEY_HEADER: key}
+        try:
+            result = super().apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
+        except BaseException:
+            self.peer_give_back(key, task_id)
+            raise
+        if getattr(result, "deduplicated", False) and result.id != task_id:
+            # taskdedup's lock has a holder the peer's key did not name (the key was freed by
+            # an old worker or clear_locks): the key names the holder again, for old producers
+            self.peer_give_back(key, task_id)
+            mirror = self.peer_mirror()
+            if mirror is not None:
+                mirror.take(key, result.id, self.peer_ttl_ms(call))
+            return self.peer_duplicate(key, result.id, call)
+        return result
+
+    # ------------------------------------------------------------ the worker
+
+    def _request_peer_key(self, args: Any, kwargs: Any) -> str | None:
+        headers = getattr(self.request, "headers", None) or {}
+        key = headers.get(PEER_KEY_HEADER) or getattr(self.request, PEER_KEY_HEADER, None)
+        if key:
+            return str(key)
+        try:
+            return self.peer_key(args, kwargs)
+        except Exception:  # the worker's arguments do not make a key: nothing to free
+            return None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly or not request.id:  # task(...): no lock, as the peers
+            return super().__call__(*args, **kwargs)
+        mirror = self.peer_mirror()
+        key = self._request_peer_key(args, kwargs) if mirror is not None else None
+        if mirror is None or key is None:
+            return super().__call__(*args, **kwargs)
+        if self.unlocks_at_start():
+            mirror.release(key, request.id) or (
+                self.adopts_any_holder and mirror.force_release(key)
+            )
+            return super().__call__(*args, **kwargs)
+        lease_ms = int(self._lease_seconds() * 1000)
+        if mirror.adopt(key, request.id, lease_ms, self.adopts_any_holder):
+            KEEPER.keep(mirror, key, request.id, lease_ms)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            KEEPER.drop(mirror, key)
+
+    def unlocks_at_start(self) -> bool:
+        """Whether the peer's key is freed when the job starts (celery-once's option)."""
+        return False
+
+    def _lease_seconds(self) -> float:
+        from ..celery.state import integration_for
+        from ..celery.tasks import task_policy
+
+        integ = integration_for(self._get_app())
+        policy = None if integ is None else task_policy(self, integ.settings)
+        return policy.policy.lease_seconds if policy is not None else 30.0
+
+    def release_peer(self, args: Any, kwargs: Any) -> None:
+        """The job ended (success or final failure): free the peer's key if it names this job."""
+        if self.unlocks_at_start():
+            return
+        mirror = self.peer_mirror()
+        key = self._request_peer_key(args, kwargs) if mirror is not None else None
+        if mirror is not None and key is not None and self.request.id:
+            KEEPER.drop(mirror, key)
+            mirror.release(key, self.request.id)
+
+
+_INSTALLED: set[int] = set()
+
+
+def _install(app: Any, cls: type) -> None:
+    """``install(app)`` once per app, and the revoke hook once per process."""
+    if id(app) in _INSTALLED:
+        return
+    _INSTALLED.add(id(app))
+    from ..celery import install
+    from ..celery.state import integration_for
+
+    if integration_for(app) is None:
+        install(app)
+
+    @app.on_after_finalize.connect(weak=False)
+    def default_store(sender: Any = None, **_: Any) -> None:
+        _default_store(app)
+
+    if not _REVOKE_HOOKED:
+        signals.task_revoked.connect(_on_revoked, weak=False)
+        _REVOKE_HOOKED.append(True)
+
+
+_REVOKE_HOOKED: list[bool] = []
+
+
+def _default_store(app: Any) -> None:
+    """With no Redis broker or result backend and no ``taskdedup_url``, taskdedup keeps its
+    locks in the peer's Redis (the one the original package was configured with)."""
+    conf = app.conf
+    if conf.get("taskdedup_url"):
+        return
+    for candidate in (conf.broker_url, conf.result_backend):
+        if isinstance(candidate, str) and urlsplit(candidate).scheme in REDIS_SCHEMES:
+            return
+    urls = []
+    for task in list(app.tasks.values()):
+        if isinstance(task, CompatTask):
+            try:
+                url = task.peer_url()
+            except ConfigError:
+                continue
+            if url:
+                urls.append(url)
+    if urls:
+        conf.taskdedup_url = urls[0]
+
+
+def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A revoked or expired compat job that never ran frees the peer's key it took."""
+    if not isinstance(sender, CompatTask) or request is None or not request.id:
+        return
+    mirror = sender.peer_mirror()
+    if mirror is None:
+        return
+    headers = getattr(request, "headers", None) or {}
+    key = headers.get(PEER_KEY_HEADER) if isinstance(headers, dict) else None
+    key = key or getattr(request, PEER_KEY_HEADER, None)
+    if not key:
+        try:
+            key = sender.peer_key(request.args, request.kwargs)
+        except Exception:
+            return
+    mirror.release(str(key), request.id)
+
+
+def freeze(fn: Any) -> Any:
+    """A method's result cached on the instance (the peer's backend, built once)."""
+    name = "_compat_" + fn.__name__
+
+    @functools.wraps(fn)
+    def cached(self: Any) -> Any:
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            value = self.__dict__[name] = fn(self)
+            return value
+
+    return cached

@@ -104,21 +104,44 @@ class CompatTask(Task):  # type: ignore[misc]
         answer = self.peer_take(key, task_id, call)
         if answer is not None:
             return answer
-        headers = {**(options.pop("headers", None) or {}), PEER_KEY_HEADER: key}
-        try:
-            result = super().apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
-        except BaseException:
-            self.peer_give_back(key, task_id)
-            raise
+        options["headers"] = {**(options.get("headers") or {}), PEER_KEY_HEADER: key}
+        result = self._publish(key, task_id, args, kwargs, options)
+        if getattr(result, "deduplicated", False) and self._free_stale(args, kwargs, result.id):
+            result = self._publish(key, task_id, args, kwargs, options)
         if getattr(result, "deduplicated", False) and result.id != task_id:
-            # taskdedup's lock has a holder the peer's key did not name (the key was freed by
-            # an old worker or clear_locks): the key names the holder again, for old producers
+            # taskdedup's lock has a running holder the peer's key did not name: the key
+            # names the holder again, for old producers, on the holder's lease (its worker
+            # renews it; if that worker died, it lapses with taskdedup's own lock), and the
+            # caller gets the peer's answer
             self.peer_give_back(key, task_id)
             mirror = self.peer_mirror()
             if mirror is not None:
-                mirror.take(key, result.id, self.peer_ttl_ms(call))
+                mirror.take(key, result.id, int(self._lease_seconds() * 1000))
             return self.peer_duplicate(key, result.id, call)
         return result
+
+    def _publish(self, key: str, task_id: str, args: Any, kwargs: Any, options: Any) -> Any:
+        """Publish through taskdedup; a publish that fails gives the peer's key back."""
+        try:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        except BaseException:
+            self.peer_give_back(key, task_id)
+            raise
+
+    def _free_stale(self, args: Any, kwargs: Any, holder: str) -> bool:
+        """The peer's key was free, yet taskdedup's lock has a holder: the peer's side freed
+        it (an old worker ran the job and deleted its key, or ``clear_locks``, or its ttl
+        ran out). The peer's key decides, as it does for old producers: a holder still
+        queued is let go; a running one keeps its lock (no second run beside it)."""
+        from ..celery.state import integration_for
+        from ..celery.tasks import task_policy
+
+        integ = integration_for(self._get_app())
+        policy = None if integ is None else task_policy(self, integ.settings)
+        if integ is None or policy is None:
+            return False
+        native_key = policy.key_for(args or (), kwargs or {})
+        return integ.dedup.release(native_key, holder, task=self.name, queued_only=True)
 
     # ------------------------------------------------------------ the worker
 
@@ -176,23 +199,21 @@ class CompatTask(Task):  # type: ignore[misc]
             mirror.release(key, self.request.id)
 
 
-_INSTALLED: set[int] = set()
-
-
 def _install(app: Any, cls: type) -> None:
     """``install(app)`` once per app, and the revoke hook once per process."""
-    if id(app) in _INSTALLED:
+    if getattr(app, "_taskdedup_compat", False):
         return
-    _INSTALLED.add(id(app))
+    app._taskdedup_compat = True
     from ..celery import install
     from ..celery.state import integration_for
 
     if integration_for(app) is None:
         install(app)
 
-    @app.on_after_finalize.connect(weak=False)
     def default_store(sender: Any = None, **_: Any) -> None:
         _default_store(app)
+
+    app.on_after_finalize.connect(default_store, weak=False)
 
     if not _REVOKE_HOOKED:
         signals.task_revoked.connect(_on_revoked, weak=False)

@@ -91,7 +91,7 @@ class RedisMirror:
 
     def hold(self, key: str, value: str, ttl_ms: int | None) -> bool:
         """A retry goes back to the queue: the key keeps the peer's ttl (None: no expiry)."""
-        return bool(self._hold(keys=[key], args=[value, "" if not ttl_ms else ttl_ms]))
+        return bool(self._hold(keys=[key], args=[value, ttl_ms or ""]))
 
     def release(self, key: str, value: str) -> bool:
         """Delete the key if it still names ``value`` (never a later holder's)."""

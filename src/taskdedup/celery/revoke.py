@@ -97,6 +97,9 @@ def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
             release=active, why=why,
         )  # fmt: skip
         integ.dedup.drive(flow)
+        also = getattr(task, "taskdedup_freed", None)  # a Task's own keys (taskdedup.compat)
+        if also is not None:
+            also(request, why)
     except Exception:
         log.exception("taskdedup: could not free the key of %s %s[%s]", why, task.name, job_id)
 

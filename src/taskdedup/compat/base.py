@@ -11,18 +11,21 @@ here, once:
   which takes its own lock; a publish that fails gives the peer's key back;
 - on the worker, the body runs under taskdedup's claim and lease; the peer's key goes on the
   same lease while it runs, back on the peer's ttl for a retry, and is deleted at the end
-  (``release_peer``), on revoke and on expiry.
+  (``release_peer``), and when taskdedup frees the job on revoke, expiry or termination
+  (``taskdedup_freed``).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from celery import Task, signals
+from celery import Task
 from kombu.utils.uuid import uuid
 
+from ..celery.messages import header
 from ..errors import ConfigError
 from .mirror import KEEPER, PEER_KEY_HEADER, RedisMirror
 
@@ -80,8 +83,9 @@ class CompatTask(Task):  # type: ignore[misc]
 
     @property
     def deduplicate(self) -> dict[str, Any]:
-        """taskdedup's policy for this task, translated from the peer's options."""
-        return self.peer_policy()
+        """taskdedup's policy for this task, translated from the peer's options (the peers
+        lock a job sent with a countdown or ETA as any other)."""
+        return {**self.peer_policy(), "including_scheduled": True}
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -101,8 +105,14 @@ class CompatTask(Task):  # type: ignore[misc]
             return super().apply_async(args, kwargs, **options)
         key = self.peer_key(args, kwargs)
         task_id = options.pop("task_id", None) or uuid()
-        answer = self.peer_take(key, task_id, call)
+        try:
+            answer = self.peer_take(key, task_id, call)
+        except Exception as exc:
+            if getattr(exc, "countdown", None) is not None or getattr(exc, "task_id", None):
+                self._note_duplicate(key, getattr(exc, "task_id", None))  # the peer's error
+            raise
         if answer is not None:
+            self._note_duplicate(key, getattr(answer, "id", None))
             return answer
         options["headers"] = {**(options.get("headers") or {}), PEER_KEY_HEADER: key}
         result = self._publish(key, task_id, args, kwargs, options)
@@ -119,6 +129,17 @@ class CompatTask(Task):  # type: ignore[misc]
                 mirror.take(key, result.id, int(self._lease_seconds() * 1000))
             return self.peer_duplicate(key, result.id, call)
         return result
+
+    def _note_duplicate(self, peer_key: str, holder: str | None) -> None:
+        """A duplicate the peer's key answered never reached taskdedup's core: count and log
+        it there as the core's own (metrics, the ``taskdedup`` logger, signals)."""
+        from ..celery.state import integration_for
+
+        integ = integration_for(self._get_app())
+        if integ is not None:
+            integ.dedup.note(
+                "enqueue", "duplicate", logging.INFO, self.name, holder=holder, peer_key=peer_key
+            )
 
     def _publish(self, key: str, task_id: str, args: Any, kwargs: Any, options: Any) -> Any:
         """Publish through taskdedup; a publish that fails gives the peer's key back."""
@@ -146,8 +167,7 @@ class CompatTask(Task):  # type: ignore[misc]
     # ------------------------------------------------------------ the worker
 
     def _request_peer_key(self, args: Any, kwargs: Any) -> str | None:
-        headers = getattr(self.request, "headers", None) or {}
-        key = headers.get(PEER_KEY_HEADER) or getattr(self.request, PEER_KEY_HEADER, None)
+        key = header(self.request, PEER_KEY_HEADER)
         if key:
             return str(key)
         try:
@@ -188,6 +208,23 @@ class CompatTask(Task):  # type: ignore[misc]
         policy = None if integ is None else task_policy(self, integ.settings)
         return policy.policy.lease_seconds if policy is not None else 30.0
 
+    def taskdedup_freed(self, request: Any, why: str) -> None:
+        """taskdedup freed this job's lock on revoke, expiry or termination (on the worker,
+        at the revoke command for an ETA job it holds): free the peer's key if it names it."""
+        mirror = self.peer_mirror()
+        job_id = getattr(request, "id", None)
+        if mirror is None or not job_id:
+            return
+        key = header(request, PEER_KEY_HEADER)
+        if not key and getattr(request, "args", None) is not None:
+            try:
+                key = self.peer_key(request.args, request.kwargs)
+            except Exception:  # its arguments make no key: nothing was taken
+                return
+        if key:
+            KEEPER.drop(mirror, str(key))
+            mirror.release(str(key), job_id)
+
     def release_peer(self, args: Any, kwargs: Any) -> None:
         """The job ended (success or final failure): free the peer's key if it names this job."""
         if self.unlocks_at_start():
@@ -215,12 +252,6 @@ def _install(app: Any, cls: type) -> None:
 
     app.on_after_finalize.connect(default_store, weak=False)
 
-    if not _REVOKE_HOOKED:
-        signals.task_revoked.connect(_on_revoked, weak=False)
-        _REVOKE_HOOKED.append(True)
-
-
-_REVOKE_HOOKED: list[bool] = []
 
 
 def _default_store(app: Any) -> None:
@@ -243,24 +274,6 @@ def _default_store(app: Any) -> None:
                 urls.append(url)
     if urls:
         conf.taskdedup_url = urls[0]
-
-
-def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """A revoked or expired compat job that never ran frees the peer's key it took."""
-    if not isinstance(sender, CompatTask) or request is None or not request.id:
-        return
-    mirror = sender.peer_mirror()
-    if mirror is None:
-        return
-    headers = getattr(request, "headers", None) or {}
-    key = headers.get(PEER_KEY_HEADER) if isinstance(headers, dict) else None
-    key = key or getattr(request, PEER_KEY_HEADER, None)
-    if not key:
-        try:
-            key = sender.peer_key(request.args, request.kwargs)
-        except Exception:
-            return
-    mirror.release(str(key), request.id)
 
 
 def freeze(fn: Any) -> Any:

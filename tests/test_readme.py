@@ -24,10 +24,12 @@ POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 def test_readme_snippets_run_in_order(
-    monkeypatch: pytest.MonkeyPatch, postgres_url: str, key_prefix: str
+    monkeypatch: pytest.MonkeyPatch, postgres_url: str, key_prefix: str, private_redis_url: str
 ) -> None:
     """The snippets that need PostgreSQL (the SQL store's transactional enqueue) get the
-    tests' one, under a key prefix of the test's own."""
+    tests' one, under a key prefix of the test's own; the migration snippets' peer Redis
+    (``redis://127.0.0.1:6379/1``, where celery-once and celery-singleton keep their keys) is
+    a private redis-server."""
     assert len(SNIPPETS) >= 8
     for name in list(os.environ):
         if name.startswith("TASKDEDUP_"):
@@ -38,6 +40,7 @@ def test_readme_snippets_run_in_order(
     namespace: dict[str, Any] = module.__dict__
     for index, snippet in enumerate(SNIPPETS):
         code = snippet.replace('broker="redis://127.0.0.1:6379/0"', 'broker="memory://"')
+        code = code.replace('"redis://127.0.0.1:6379/1"', repr(private_redis_url))
         code = code.replace(
             'ListQueueBroker("redis://127.0.0.1:6379/0", socket_timeout=None)', "InMemoryBroker()"
         )

@@ -13,13 +13,12 @@ Celery reports these ends in three places, and taskdedup listens at each, on the
 - ``task_received``: a job whose ``expires`` comes before its ETA will be dropped at its ETA;
   its key and slot are freed as soon as the worker holds it.
 
-Every release is owner-checked by job id, so freeing the same job twice (at the revoke, then
-when Celery discards it) is harmless, and a heartbeat of a terminated body that lives on
-cannot take the lock back: the heartbeat only renews a lock its job still holds. A discarded
-or expired job frees only a lock still QUEUED, and its slot only while the store does not
-record the job as running: a plain revoke does not stop a run, and every worker discards the
-copies of a revoked job it receives (a redelivery, a copy sent again), so freeing more would
-let a new job run beside the one still going. ``terminate=True`` frees everything.
+Every release is owner-checked by job id: freeing a job twice (at the revoke, then when Celery
+discards it) is harmless; a terminated body's heartbeat renews only a lock its job holds. A
+discarded or expired job frees only a lock still QUEUED, and its slot only while the store does
+not record the job as running: a plain revoke does not stop a run, and every worker discards
+the copies of a revoked job it receives (a redelivery, a copy sent again), so freeing more
+would let a new job run beside the one still going. ``terminate=True`` frees everything.
 """
 
 from __future__ import annotations
@@ -76,15 +75,14 @@ def task_of(integ: CeleryDedup, sender: Any, request: Any) -> Any | None:
 
 
 def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
-    """Free the slot and the lock (enqueue and run lock) that ``request``'s job holds.
-    ``request`` is a worker Request or a Context; errors are logged, never raised (this runs
-    in Celery's signal and control handlers)."""
+    """Free the slot and the lock (enqueue and run lock) that ``request``'s job holds (one not
+    terminated never ran here: it may run elsewhere). ``request``: a worker Request or a
+    Context. Errors are logged, never raised (Celery's signal and control handlers call it)."""
     if not integ.settings.enabled:
         return  # G16: no store command
     job_id = getattr(request, "id", None)
     if not job_id:
         return
-    killed = why == "terminated"  # else the job never ran here: it may run elsewhere
     try:
         scope = header(request, SCOPE_HEADER)
         policy = task_policy(task, integ.settings)
@@ -93,13 +91,12 @@ def free_job(integ: CeleryDedup, task: Any, request: Any, why: str) -> None:
             key_from_arguments(policy, request) if active else None
         )
         flow = delivery.discard(
-            integ.dedup, integ.reservations, task.name, job_id, key, scope, killed=killed,
-            release=active, why=why,
+            integ.dedup, integ.reservations, task.name, job_id, key, scope,
+            killed=why == "terminated", release=active, why=why,
         )  # fmt: skip
         integ.dedup.drive(flow)
-        also = getattr(task, "taskdedup_freed", None)  # a Task's own keys (taskdedup.compat)
-        if also is not None:
-            also(request, why)
+        if hasattr(task, "taskdedup_freed"):  # a Task's own keys too (taskdedup.compat)
+            task.taskdedup_freed(request, why)
     except Exception:
         log.exception("taskdedup: could not free the key of %s %s[%s]", why, task.name, job_id)
 

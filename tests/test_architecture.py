@@ -20,6 +20,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "taskdedup"
 #: circles only.
 LAYERS: list[tuple[str, set[str]]] = [
     ("tools", {"taskdedup.cli", "taskdedup.testing"}),
+    ("drop-ins", {"taskdedup.compat"}),
     ("adapters", {"taskdedup.celery", "taskdedup.taskiq"}),
     ("runner", {"taskdedup.core", "taskdedup.background", "taskdedup.idempotency",
                 "taskdedup.reservations", "taskdedup.recent", "taskdedup.flow",

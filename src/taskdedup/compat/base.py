@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -30,6 +31,9 @@ from ..errors import ConfigError
 from .mirror import KEEPER, PEER_KEY_HEADER, RedisMirror
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
+#: This thread's call in progress: a compat publish (eager mode reaches ``apply`` from it) or
+#: a direct ``task.apply()`` (its run takes no lock).
+_CALL = threading.local()
 
 
 class CompatTask(Task):  # type: ignore[misc]
@@ -143,11 +147,29 @@ class CompatTask(Task):  # type: ignore[misc]
 
     def _publish(self, key: str, task_id: str, args: Any, kwargs: Any, options: Any) -> Any:
         """Publish through taskdedup; a publish that fails gives the peer's key back."""
+        _CALL.publishing = True  # (eager mode: Celery's apply_async calls apply)
         try:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
             self.peer_give_back(key, task_id)
             raise
+        finally:
+            _CALL.publishing = False
+
+    def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """``task.apply()`` called directly runs the body here and now, taking and freeing
+        no lock, as the peers' does (taskdedup's own ``apply()`` would answer a duplicate of a
+        queued job without running it). Eager mode's ``apply_async`` comes here with its
+        locks already taken, and runs as taskdedup's eager mode does."""
+        if getattr(_CALL, "publishing", False):
+            _CALL.publishing = False
+            return super().apply(args, kwargs, **options)
+        plain = getattr(Task.apply, "__wrapped__", Task.apply)  # (taskdedup's eager hook)
+        _CALL.direct = True
+        try:
+            return plain(self, args, kwargs, **options)
+        finally:
+            _CALL.direct = False
 
     def _free_stale(self, args: Any, kwargs: Any, holder: str) -> bool:
         """The peer's key was free, yet taskdedup's lock has a holder: the peer's side freed
@@ -179,6 +201,9 @@ class CompatTask(Task):  # type: ignore[misc]
         request = self.request
         if request.called_directly or not request.id:  # task(...): no lock, as the peers
             return super().__call__(*args, **kwargs)
+        if getattr(_CALL, "direct", False):  # task.apply(): the body alone
+            _CALL.direct = False
+            return (getattr(self, "_taskdedup_run", None) or self.run)(*args, **kwargs)
         mirror = self.peer_mirror()
         key = self._request_peer_key(args, kwargs) if mirror is not None else None
         if mirror is None or key is None:

@@ -1,7 +1,9 @@
-"""``apply_async``: plain Celery, taskdedup, celery-once, celery-singleton, on each layout users
-deploy: a RabbitMQ broker with a Redis store; a Redis broker with the store in another database;
-a Redis broker whose server and database the store shares (fused: lock and message in one
-script). The peers keep their locks on the same Redis as taskdedup's store. Then plain Celery
+"""``apply_async``: plain Celery, taskdedup, celery-once, celery-singleton and taskdedup's drop-ins
+for the last two (``taskdedup.compat``: the peer's key plus taskdedup's lock), on each layout
+users deploy: a RabbitMQ broker with a Redis store; a Redis broker with the store in another
+database; a Redis broker whose server and database the store shares (fused: lock and message in
+one script). The peers keep their locks on the same Redis as taskdedup's store; a drop-in is
+configured as its original, with taskdedup's store as taskdedup's row has it. Then plain Celery
 and taskdedup on a RabbitMQ broker with a PostgreSQL store and with a SQLite store (the peers
 have no SQL backend), selected as users do, by ``app.conf.taskdedup_url``.
 
@@ -67,13 +69,20 @@ def plain(url: str, prefix: str, broker: str) -> Callable[..., Any]:
     return lambda args: work.apply_async(args)  # looked up per call, as user code does
 
 
-def taskdedup(url: str, prefix: str, broker: str) -> Callable[..., Any]:
-    app = _app(url, prefix, broker)
+def _install(app: Celery, url: str, prefix: str, broker: str) -> None:
+    """taskdedup on ``app``, its store on ``url`` under ``prefix``: fused with the broker when
+    the broker is that Redis URL, apart otherwise. (A compat task installs taskdedup on its app
+    when it is bound, unless the app has it already: called first, this is the install.)"""
     app.conf.taskdedup_key_prefix = prefix
     if broker == url:
         install(app)  # the store made from the broker's URL: fused
     else:
         install(app, store=RedisStore.from_url(url, key_prefix=prefix))
+
+
+def taskdedup(url: str, prefix: str, broker: str) -> Callable[..., Any]:
+    app = _app(url, prefix, broker)
+    _install(app, url, prefix, broker)
 
     @deduplicate("until_executed")
     @app.task(shared=False)
@@ -143,11 +152,53 @@ def celery_singleton(url: str, prefix: str, broker: str) -> Callable[..., Any]:
     return lambda args: work.apply_async(args)  # looked up per call, as user code does
 
 
+def celery_once_compat(url: str, prefix: str, broker: str) -> Callable[..., Any]:
+    """celery-once's drop-in, configured as :func:`celery_once`, taskdedup's store as
+    :func:`taskdedup`'s."""
+    from taskdedup.compat.celery_once import AlreadyQueued, QueueOnce
+
+    app = _app(url, prefix, broker)
+    app.conf.ONCE = {
+        "backend": "celery_once.backends.Redis",
+        "settings": {"url": url, "default_timeout": 3600},
+    }
+    _install(app, url, prefix, broker)
+
+    @app.task(shared=False, base=QueueOnce, once={"graceful": False}, name=f"{prefix}.work")
+    def work(x: int) -> None: ...
+
+    def call(args: tuple[Any, ...]) -> Any:
+        try:
+            return work.apply_async(args)
+        except AlreadyQueued:
+            return None
+
+    return call
+
+
+def celery_singleton_compat(url: str, prefix: str, broker: str) -> Callable[..., Any]:
+    """celery-singleton's drop-in, configured as :func:`celery_singleton`, taskdedup's store
+    as :func:`taskdedup`'s."""
+    from taskdedup.compat.celery_singleton import Singleton
+
+    app = _app(url, prefix, broker)
+    app.conf.singleton_backend_url = url
+    app.conf.singleton_key_prefix = f"{prefix}:singleton:"
+    _install(app, url, prefix, broker)
+
+    @app.task(shared=False, base=Singleton, name=f"{prefix}.work")
+    def work(x: int) -> None: ...
+
+    return lambda args: work.apply_async(args)  # looked up per call, as user code does
+
+
 LIBRARIES: dict[str, Callable[[str, str, str], Callable[..., Any]]] = {
     "plain Celery": plain,
     "taskdedup": taskdedup,
     "celery-once": celery_once,
+    "celery-once (taskdedup.compat)": celery_once_compat,
     "celery-singleton": celery_singleton,
+    "celery-singleton (taskdedup.compat)": celery_singleton_compat,
 }
 
 

@@ -1,8 +1,9 @@
 """The store's work per operation, counted by Redis itself (``INFO commandstats``), not timed.
 
-For plain Celery (the baseline), taskdedup, celery-once and celery-singleton on each layout of
-the publish rows, and for plain taskiq, taskdedup and taskiq-deduplication on a taskiq-redis
-``ListQueueBroker``: the commands and the server time (``usec``) of
+For plain Celery (the baseline), taskdedup, celery-once, celery-singleton and taskdedup's
+drop-ins for those two (``taskdedup.compat``) on each layout of the publish rows, and for plain
+taskiq, taskdedup and taskiq-deduplication on a taskiq-redis ``ListQueueBroker``: the commands
+and the server time (``usec``) of
 
 - an enqueue of a new key (producer side, with taskdedup's background confirmations: each
   batch is followed by a wait until the counters stop moving for longer than the confirmer's
@@ -154,11 +155,11 @@ async def asettle(admin: redis.Redis, quiet: float) -> Snapshot:
     return last
 
 
-def leftovers(admin: redis.Redis, pattern: str, jobs: int) -> dict[str, Any]:
-    """The keys matching ``pattern`` and their steady-state memory per job: each key's
+def leftovers(admin: redis.Redis, patterns: tuple[str, ...], jobs: int) -> dict[str, Any]:
+    """The keys matching ``patterns`` and their steady-state memory per job: each key's
     MEMORY USAGE x its remaining ttl in days, summed, per job: at a million jobs a day that
     many bytes x 1e6 are resident, i.e. that many MB."""
-    keys = list(admin.scan_iter(match=pattern, count=1000))
+    keys = list({k for p in patterns for k in admin.scan_iter(match=p, count=1000)})
     byte_days, no_ttl, size = 0.0, 0, 0
     for key in keys:
         used = admin.memory_usage(key, samples=0) or 0
@@ -209,12 +210,21 @@ def peers_on(url: str) -> Iterator[None]:
     """celery-once and celery-singleton each keep one Redis client per process, made from the
     first app's settings (``celery_once.backends.redis.redis``,
     ``celery_singleton.backends._backend``): an earlier group's apps would have them write to
-    its Redis. Point them at ``url`` for this section, then back."""
+    its Redis. Point them at ``url`` for this section, then back. Their drop-ins keep theirs
+    per URL (``taskdedup.compat.celery_once._CLIENTS``) and per settings
+    (``taskdedup.compat.celery_singleton._BACKENDS``): this section starts them empty, so its
+    clients (and the scripts they load) are made here, and closes them after."""
     from celery_once.backends import redis as once_redis
     from celery_singleton import backends as singleton_backends
     from celery_singleton.backends.redis import RedisBackend
 
+    from taskdedup.compat import celery_once as once_compat
+    from taskdedup.compat import celery_singleton as singleton_compat
+
     kept = once_redis.redis, singleton_backends._backend
+    kept_compat = dict(once_compat._CLIENTS), dict(singleton_compat._BACKENDS)
+    once_compat._CLIENTS.clear()
+    singleton_compat._BACKENDS.clear()
     once_redis.redis = redis.StrictRedis.from_url(url)
     singleton_backends._backend = RedisBackend(url)
     try:
@@ -223,6 +233,15 @@ def peers_on(url: str) -> Iterator[None]:
         once_redis.redis.close()
         singleton_backends._backend.redis.close()
         once_redis.redis, singleton_backends._backend = kept
+        for client in once_compat._CLIENTS.values():
+            client.close()
+        for backend in singleton_compat._BACKENDS.values():
+            with contextlib.suppress(Exception):
+                backend.redis.close()
+        once_compat._CLIENTS.clear()
+        singleton_compat._BACKENDS.clear()
+        once_compat._CLIENTS.update(kept_compat[0])
+        singleton_compat._BACKENDS.update(kept_compat[1])
 
 
 # --- Celery -------------------------------------------------------------------------------
@@ -235,7 +254,7 @@ class Subject:
     library: str
     app: Celery
     send: Callable[[int], Any]
-    keys: str | None  # SCAN pattern of what the library leaves in the store
+    keys: tuple[str, ...]  # SCAN patterns of what the library leaves in the store
     queue: str
     quiet: float = QUIET_SYNC
     ran: int = 0
@@ -257,7 +276,7 @@ def _subject(library: str, store: str, broker: str) -> Subject:
         worker_hijack_root_logger=False,
         broker_transport_options={"global_keyprefix": f"{tag}-broker:"},
     )
-    subject = Subject(library, app, lambda x: None, None, f"{tag}-q")
+    subject = Subject(library, app, lambda x: None, (), f"{tag}-q")
     name = f"{tag}.work"
 
     def body(x: int) -> None:
@@ -265,28 +284,36 @@ def _subject(library: str, store: str, broker: str) -> Subject:
 
     if library == "plain Celery":
         task = app.task(shared=False, name=name)(body)
-    elif library.startswith("taskdedup"):
-        app.conf.taskdedup_key_prefix = tag
-        if broker == store:
-            install(app)  # the store made from the broker's URL: fused
-        else:
-            install(app, store=RedisStore.from_url(store, key_prefix=tag))
+        subject.send = lambda x: task.apply_async((x,))
+        return subject
+    if library.startswith("taskdedup"):
+        _install(app, tag, store, broker)
         strategy = library.split(", ")[1]
         # debounce: its run due a millisecond after the burst's last submission, so the drain
         # measures the store's work, not the wait
         delays = {"delay": 0.001, "max_wait": 1} if strategy == "debounce" else {}
         task = deduplicate(strategy, **delays)(app.task(shared=False, name=name)(body))
-        subject.keys = f"{tag}:*"
+        subject.keys = (f"{tag}:*",)
         subject.quiet = QUIET
-    elif library == "celery-once":
-        from celery_once import AlreadyQueued, QueueOnce
+        subject.send = lambda x: task.apply_async((x,))
+        return subject
+    compat = library.endswith(COMPAT)
+    if compat:  # taskdedup's store as taskdedup's rows have it (the task's bind keeps it)
+        _install(app, tag, store, broker)
+        subject.keys = (f"{tag}:*",)
+        subject.quiet = QUIET
+    if library.startswith("celery-once"):
+        if compat:
+            from taskdedup.compat.celery_once import AlreadyQueued, QueueOnce
+        else:
+            from celery_once import AlreadyQueued, QueueOnce
 
         app.conf.ONCE = {
             "backend": "celery_once.backends.Redis",
             "settings": {"url": store, "default_timeout": 3600},
         }
         task = app.task(shared=False, base=QueueOnce, once={"graceful": False}, name=name)(body)
-        subject.keys = f"qo_{name}*"
+        subject.keys += (f"qo_{name}*",)
 
         def send(x: int) -> Any:
             try:
@@ -296,26 +323,43 @@ def _subject(library: str, store: str, broker: str) -> Subject:
 
         subject.send = send
         return subject
-    elif library == "celery-singleton":
-        from celery_singleton import Singleton
+    if library.startswith("celery-singleton"):
+        if compat:
+            from taskdedup.compat.celery_singleton import Singleton
+        else:
+            from celery_singleton import Singleton
 
         app.conf.singleton_backend_url = store
         app.conf.singleton_key_prefix = f"SINGLETONLOCK_{tag}_"
         task = app.task(shared=False, base=Singleton, name=name)(body)
-        subject.keys = f"SINGLETONLOCK_{tag}_*"
+        subject.keys += (f"SINGLETONLOCK_{tag}_*",)
     else:
         raise ValueError(library)
     subject.send = lambda x: task.apply_async((x,))
     return subject
 
 
+def _install(app: Celery, tag: str, store: str, broker: str) -> None:
+    """taskdedup on ``app`` under ``tag``: the store made from the broker's URL when the broker
+    is the store's Redis (fused), else on ``store`` (apart)."""
+    app.conf.taskdedup_key_prefix = tag
+    if broker == store:
+        install(app)  # the store made from the broker's URL: fused
+    else:
+        install(app, store=RedisStore.from_url(store, key_prefix=tag))
+
+
+#: a drop-in's name: its original's, then this
+COMPAT = " (taskdedup.compat)"
 LIBRARIES = (
     "plain Celery",
     "taskdedup, until_executed",
     "taskdedup, until_executing",
     "taskdedup, debounce",
     "celery-once",
+    "celery-once" + COMPAT,
     "celery-singleton",
+    "celery-singleton" + COMPAT,
 )
 
 
@@ -334,8 +378,8 @@ def _purge(subject: Subject, store: redis.Redis) -> None:
     """Drop the queued messages and the library's keys."""
     with subject.app.connection_for_write() as conn:
         conn.default_channel.queue_purge(subject.queue)
-    if subject.keys:
-        _unlink(store, subject.keys)
+    for pattern in subject.keys:
+        _unlink(store, pattern)
 
 
 def _one(
@@ -455,10 +499,14 @@ def _median_dict(values: list[dict[str, Any]]) -> dict[str, Any]:
 def _script_commands(library: str) -> frozenset[str]:
     """The commands ``library``'s Lua scripts run (lower case, as commandstats names them)."""
     sources: list[str] = []
-    if library.startswith("taskdedup"):
+    if library.startswith("taskdedup") or library.endswith(COMPAT):
         from taskdedup.stores.redis_calls import SOURCES
 
         sources = list(SOURCES.values())
+    if library.endswith(COMPAT):  # and the peer's key's: adopt, renew, hold, release
+        from taskdedup.compat import mirror
+
+        sources += [v for k, v in vars(mirror).items() if k.startswith("_") and k.isupper()]
     elif library == "taskiq-deduplication":
         from taskiq_deduplication import middleware
 
@@ -469,14 +517,20 @@ def _script_commands(library: str) -> frozenset[str]:
 _CALL = re.compile(r"redis\.p?call\(\s*'(\w+)'")
 
 
-def _cpu(row: dict[str, Any], plain: dict[str, Any] | None) -> float:
+def _cpu(
+    row: dict[str, Any], plain: dict[str, Any] | None, peer: dict[str, Any] | None = None
+) -> float:
     """Redis µs per op with each command counted once: a script's EVALSHA time includes the
     commands it runs, so those are left out of the sum, except what the broker itself runs of
-    the same commands (plain's figure for them on this layout: kombu's HSET, LPUSH, ...)."""
+    the same commands (plain's figure for them on this layout: kombu's HSET, LPUSH, ...) and,
+    for a drop-in, what its original runs of them outside a script (``peer``: the original's
+    row, given for the producer's operations: the drop-in's ``SET NX`` of the peer's key)."""
     if not row["scripts_per_op"]:
         return float(row["usec_per_op"])
     nested = _script_commands(row["library"])
-    base = (plain or {}).get("usec", {})
+    base = dict((plain or {}).get("usec", {}))
+    for k, v in (peer or {}).get("usec", {}).items():
+        base[k] = base.get(k, 0.0) + v
     return sum(min(v, base.get(k, 0.0)) if k in nested else v for k, v in row["usec"].items())
 
 
@@ -489,8 +543,12 @@ def _medians(group: str, found: dict[str, dict[str, list[Work]]]) -> list[dict[s
             row = {"group": group, "library": library, "operation": op, "ops": works[0].ops}
             rows.append(row | _median_dict([w.figures() for w in works]))
     plain = {(r["operation"]): r for r in rows if r["library"].startswith("plain")}
+    by_library = {(r["library"], r["operation"]): r for r in rows}
     for r in rows:
-        r["cpu_usec_per_op"] = _cpu(r, plain.get(r["operation"]))
+        peer = None  # a drop-in's producer runs its original's commands, then taskdedup's
+        if r["library"].endswith(COMPAT) and r["operation"] != DRAINED:
+            peer = by_library.get((r["library"][: -len(COMPAT)], r["operation"]))
+        r["cpu_usec_per_op"] = _cpu(r, plain.get(r["operation"]), peer)
     for r in rows:
         base = plain.get(r["operation"])
         if r["operation"] == "drained job" and base is not None:
@@ -671,7 +729,8 @@ NOTE = (
     " {where}. Commands: every cmdstat_* summed (a script counts as its EVALSHA and each"
     " command it runs). µs: each command's time once: an EVALSHA's time includes the commands"
     " its script runs, so those are not added again (where the broker runs the same commands"
-    " itself, plain's time for them on that layout is; the JSON keeps the plain sum too), median of"
+    " itself, plain's time for them on that layout is, and for a drop-in's enqueue its original's"
+    " own SET NX; the JSON keeps the plain sum too), median of"
     " {rounds} rounds of {n} enqueues of new keys (with taskdedup's batched confirmations),"
     " first duplicates of {m} queued jobs, {n} more duplicates of one of them, and the"
     " solo worker's drain of the {n} new jobs (claim, run, finish). Plain's row is its broker's"

@@ -1,11 +1,13 @@
 """The worker side: a solo-pool Celery worker draining ``n`` queued no-op jobs.
 
-Plain Celery, taskdedup (until_executing and until_executed: a claim and a finish per job) and
-celery-once, on a Redis broker with taskdedup's store apart and fused; then plain Celery and
-taskdedup on the same broker as "store apart" with a PostgreSQL store and with a SQLite store
-(``app.conf.taskdedup_url``; celery-once has no SQL backend). Each run enqueues its jobs first,
-then starts an in-process worker (``celery.contrib.testing.worker``) and times from the first
-job's start to the last job's end; every layout's libraries take turns within each of
+Plain Celery, taskdedup (until_executing and until_executed: a claim and a finish per job),
+celery-once and celery-singleton, and taskdedup's drop-ins for them (``taskdedup.compat``: on
+the worker, taskdedup's claim and finish, and the peer's key adopted on the job's lease and
+released at its end), on a Redis broker with taskdedup's store apart and fused; then plain
+Celery and taskdedup on the same broker as "store apart" with a PostgreSQL store and with a
+SQLite store (``app.conf.taskdedup_url``; the peers have no SQL backend). Each run enqueues its
+jobs first, then starts an in-process worker (``celery.contrib.testing.worker``) and times from
+the first job's start to the last job's end; every layout's libraries take turns within each of
 ``rounds``, so machine noise falls on all of them alike.
 
 A RabbitMQ broker is not measured here: an in-process worker without heartbeats holds its
@@ -69,8 +71,14 @@ class Drain:
         app = self.app
         if library == "plain Celery":
             return app.task(shared=False, name="drain")(body)
-        if library == "celery-once":
-            from celery_once import QueueOnce
+        compat = library.endswith(COMPAT)
+        if compat:  # taskdedup's store as taskdedup's rows have it (the task's bind keeps it)
+            self._install()
+        if library.startswith("celery-once"):
+            if compat:
+                from taskdedup.compat.celery_once import QueueOnce
+            else:
+                from celery_once import QueueOnce
 
             app.conf.ONCE = {
                 "backend": "celery_once.backends.Redis",
@@ -79,15 +87,29 @@ class Drain:
             return app.task(shared=False, base=QueueOnce, once={"graceful": True}, name="drain")(
                 body
             )
+        if library.startswith("celery-singleton"):
+            if compat:
+                from taskdedup.compat.celery_singleton import Singleton
+            else:
+                from celery_singleton import Singleton
+
+            app.conf.singleton_backend_url = self.url
+            app.conf.singleton_key_prefix = f"{self.prefix}:singleton:"
+            return app.task(shared=False, base=Singleton, name="drain")(body)
         strategy = library.split(", ")[1]
-        if self.sql is not None:
-            app.conf.taskdedup_url = self.sql[0]
-            install(app)
-        elif self.broker == self.url:
-            install(app)
-        else:
-            install(app, store=RedisStore.from_url(self.url, key_prefix=self.prefix))
+        self._install()
         return deduplicate(strategy)(app.task(shared=False, name="drain")(body))
+
+    def _install(self) -> None:
+        """taskdedup on the app: its SQL store, else the store fused with the broker when the
+        broker is the store's Redis URL, else the store apart."""
+        if self.sql is not None:
+            self.app.conf.taskdedup_url = self.sql[0]
+            install(self.app)
+        elif self.broker == self.url:
+            install(self.app)
+        else:
+            install(self.app, store=RedisStore.from_url(self.url, key_prefix=self.prefix))
 
     def jobs_per_second(self, n: int) -> float:
         self.ran, self.first, self.last, self.target = 0, 0.0, 0.0, n
@@ -113,11 +135,16 @@ class Drain:
             client.close()
 
 
+#: a drop-in's name: its original's, then this
+COMPAT = " (taskdedup.compat)"
 LIBRARIES = (
     "plain Celery",
     "taskdedup, until_executing",
     "taskdedup, until_executed",
     "celery-once",
+    "celery-once" + COMPAT,
+    "celery-singleton",
+    "celery-singleton" + COMPAT,
 )
 LAYOUTS: dict[str, Callable[[str], str]] = {
     "Redis broker, store apart": other_db,

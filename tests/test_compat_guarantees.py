@@ -4,6 +4,7 @@ it, and the CLI and the metrics see compat jobs and their duplicates."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -121,12 +122,14 @@ def test_a_retrying_job_keeps_its_key_until_its_last_attempt_ends(
     app: Celery, peer: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
     attempts: list[int] = []
+    last = threading.Event()
 
     @declare(app, peer, key_prefix, bind=True, max_retries=3)
     def job(self: Any, item: str) -> str:
         attempts.append(self.request.retries)
         if self.request.retries < 2:
             raise self.retry(countdown=0.3)
+        assert last.wait(20)  # the last attempt ends when the test has seen it run
         return item
 
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
@@ -136,6 +139,9 @@ def test_a_retrying_job_keeps_its_key_until_its_last_attempt_ends(
             duplicate = submit(job, "t")
             assert duplicate is None or duplicate.id == first.id
             assert peer_keys(redis_client, key_prefix)
+        duplicate = submit(job, "t")  # and while the last attempt runs
+        assert duplicate is None or duplicate.id == first.id
+        last.set()
         assert first.get(timeout=20) == "t"
         wait_for(lambda: not peer_keys(redis_client, key_prefix), 10, "the key to be freed")
     assert attempts == [0, 1, 2]

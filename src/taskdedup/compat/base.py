@@ -20,7 +20,8 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, cast
 from urllib.parse import urlsplit
 
 from celery import Task
@@ -34,6 +35,7 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 #: This thread's call in progress: a compat publish (eager mode reaches ``apply`` from it) or
 #: a direct ``task.apply()`` (its run takes no lock).
 _CALL = threading.local()
+T = TypeVar("T")
 
 
 class CompatTask(Task):  # type: ignore[misc]
@@ -161,7 +163,7 @@ class CompatTask(Task):  # type: ignore[misc]
         no lock, as the peers' does (taskdedup's own ``apply()`` would answer a duplicate of a
         queued job without running it). Eager mode's ``apply_async`` comes here with its
         locks already taken, and runs as taskdedup's eager mode does."""
-        if getattr(_CALL, "publishing", False):
+        if getattr(_CALL, "publishing", False) or options.get("retries"):  # (eager retry)
             _CALL.publishing = False
             return super().apply(args, kwargs, **options)
         plain = getattr(Task.apply, "__wrapped__", Task.apply)  # (taskdedup's eager hook)
@@ -278,7 +280,6 @@ def _install(app: Any, cls: type) -> None:
     app.on_after_finalize.connect(default_store, weak=False)
 
 
-
 def _default_store(app: Any) -> None:
     """With no Redis broker or result backend and no ``taskdedup_url``, taskdedup keeps its
     locks in the peer's Redis (the one the original package was configured with)."""
@@ -301,14 +302,14 @@ def _default_store(app: Any) -> None:
         conf.taskdedup_url = urls[0]
 
 
-def freeze(fn: Any) -> Any:
+def freeze(fn: Callable[[Any], T]) -> Callable[[Any], T]:
     """A method's result cached on the instance (the peer's backend, built once)."""
     name = "_compat_" + fn.__name__
 
     @functools.wraps(fn)
-    def cached(self: Any) -> Any:
+    def cached(self: Any) -> T:
         try:
-            return self.__dict__[name]
+            return cast(T, self.__dict__[name])
         except KeyError:
             value = self.__dict__[name] = fn(self)
             return value

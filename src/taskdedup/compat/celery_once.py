@@ -26,6 +26,7 @@ and the CLI, ``explain`` and the metrics show every decision.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
@@ -38,9 +39,10 @@ from urllib.parse import parse_qsl, urlparse
 from celery import states
 from celery.result import EagerResult
 
+from ..celery.messages import header
 from ..errors import ConfigError
 from .base import CompatTask, freeze
-from .mirror import RedisMirror
+from .mirror import PEER_KEY_HEADER, RedisMirror
 
 __all__ = [
     "AlreadyQueued",
@@ -184,7 +186,7 @@ class Redis:
 
 def key_to_lock_name(key: str) -> str:
     """celery-once's file name for a key: at most 50 characters, the key's head and md5."""
-    return key[:17] + "_" + hashlib.md5(key.encode("latin-1")).hexdigest()  # noqa: S324
+    return key[:17] + "_" + hashlib.md5(key.encode("latin-1")).hexdigest()
 
 
 class File:
@@ -210,10 +212,8 @@ class File:
             os.utime(path, None)
 
     def clear_lock(self, key: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):  # (celery-once raised: a lock gone is free)
             os.remove(self._path(key))
-        except FileNotFoundError:  # (celery-once raised here: a lock already gone is free)
-            pass
 
 
 BUILTIN_BACKENDS: dict[str, type] = {
@@ -234,8 +234,23 @@ class QueueOnce(CompatTask):
 
     abstract = True
     once: ClassVar[dict[str, Any]] = {"graceful": False, "unlock_before_run": False}
-    adopts_any_holder = True
     peer_options = ("once",)  # read by apply_async, not sent (celery-once sent it on)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the key's signature, taken now as celery-once 3.0.1 takes it: a wrapper put on run
+        # later (Sentry's, #105) does not change the key
+        with contextlib.suppress(TypeError, ValueError):
+            self._signature()
+
+    @property
+    def adopts_any_holder(self) -> bool:  # type: ignore[override]
+        """A worker adopts the key whatever it names only for a message an old producer sent
+        (celery-once writes a meaningless token, and no peer-key header); a drop-in producer's
+        key names its job, so a job whose key expired and was taken again leaves the newer
+        job's alone, and a local run (``task.apply()``) took no key and adopts none."""
+        request = self.request
+        return not request.is_eager and not header(request, PEER_KEY_HEADER)
 
     @property
     def config(self) -> Any:
@@ -330,14 +345,16 @@ class QueueOnce(CompatTask):
 
     def peer_take(self, key: str, task_id: str, options: dict[str, Any]) -> Any:
         backend = self.once_backend
-        timeout = self.peer_ttl_ms(options)
+        timeout = self._timeout(options)  # as configured (an int stays an int, as celery-once
+        if timeout is None:  # passes it: a custom backend's SET ... EX timeout needs one)
+            timeout = self.default_timeout
         try:
-            if isinstance(backend, (Redis, File)):
-                seconds = None if timeout is None else timeout / 1000
-                backend.raise_or_lock(key, seconds if isinstance(backend, Redis) else (
-                    seconds or 0), value=task_id)  # fmt: skip
+            if isinstance(backend, Redis):
+                backend.raise_or_lock(key, timeout, value=task_id)
+            elif isinstance(backend, File):
+                backend.raise_or_lock(key, timeout or 0, value=task_id)
             else:
-                backend.raise_or_lock(key, timeout=None if timeout is None else timeout / 1000)
+                backend.raise_or_lock(key, timeout=timeout)
         except AlreadyQueued:
             if self._graceful(options):
                 return EagerResult(None, None, states.REJECTED)
@@ -362,8 +379,18 @@ class QueueOnce(CompatTask):
         countdown = backend.mirror.pttl(key) / 1000.0 if isinstance(backend, Redis) else 0.0
         raise AlreadyQueued(countdown)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if self.unlock_before_run() and request.id and not request.called_directly:
+            backend = self.once_backend
+            if not isinstance(backend, Redis):  # (the Redis key is freed by CompatTask)
+                key = self._request_peer_key(args, kwargs)
+                if key is not None:
+                    backend.clear_lock(key)
+        return super().__call__(*args, **kwargs)
+
     def after_return(self, *args: Any, **kwargs: Any) -> None:
-        status, _retval, _task_id, call_args, call_kwargs, _einfo = args[:6]
+        _status, _retval, _task_id, call_args, call_kwargs, _einfo = args[:6]
         backend = self.once_backend
         if not isinstance(backend, Redis) and not self.unlock_before_run():
             backend.clear_lock(self._request_peer_key(call_args, call_kwargs) or "")

@@ -78,7 +78,7 @@ def generate_lock(
     """``key_prefix + md5(name + json(args) + json(kwargs))``: celery-singleton's key."""
     str_args = json.dumps(task_args or [], cls=json_encoder_class, sort_keys=True)
     str_kwargs = json.dumps(task_kwargs or {}, cls=json_encoder_class, sort_keys=True)
-    digest = hashlib.md5((task_name + str_args + str_kwargs).encode()).hexdigest()  # noqa: S324
+    digest = hashlib.md5((task_name + str_args + str_kwargs).encode()).hexdigest()
     return key_prefix + digest
 
 
@@ -220,7 +220,9 @@ class Singleton(CompatTask):
         return bool(self.singleton_config.raise_on_duplicate or False)
 
     def _expiry(self) -> Any:
-        return self.lock_expiry if self.lock_expiry is not None else self.singleton_config.lock_expiry
+        return (
+            self.lock_expiry if self.lock_expiry is not None else self.singleton_config.lock_expiry
+        )
 
     # the key
 
@@ -274,8 +276,8 @@ class Singleton(CompatTask):
 
     @freeze
     def _mirror(self) -> RedisMirror | None:
-        backend = self.singleton_backend
-        return getattr(backend, "mirror", None)
+        mirror = getattr(self.singleton_backend, "mirror", None)  # (None: a custom backend)
+        return mirror if isinstance(mirror, RedisMirror) else None
 
     def peer_mirror(self) -> RedisMirror | None:
         return self._mirror()
@@ -332,7 +334,5 @@ class Singleton(CompatTask):
     def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
         self.release_lock(task_args=args, task_kwargs=kwargs)
 
-    def on_failure(
-        self, exc: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
-    ) -> None:
+    def on_failure(self, exc: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         self.release_lock(task_args=args, task_kwargs=kwargs)

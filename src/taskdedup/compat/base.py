@@ -35,7 +35,23 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 #: This thread's call in progress: a compat publish (eager mode reaches ``apply`` from it) or
 #: a direct ``task.apply()`` (its run takes no lock).
 _CALL = threading.local()
+log = logging.getLogger("taskdedup")
 T = TypeVar("T")
+
+
+def freeze(fn: Callable[[Any], T]) -> Callable[[Any], T]:
+    """A method's result cached on the instance (the peer's backend, built once)."""
+    name = "_compat_" + fn.__name__
+
+    @functools.wraps(fn)
+    def cached(self: Any) -> T:
+        try:
+            return cast(T, self.__dict__[name])
+        except KeyError:
+            value = self.__dict__[name] = fn(self)
+            return value
+
+    return cached
 
 
 class CompatTask(Task):  # type: ignore[misc]
@@ -90,7 +106,12 @@ class CompatTask(Task):  # type: ignore[misc]
     @property
     def deduplicate(self) -> dict[str, Any]:
         """taskdedup's policy for this task, translated from the peer's options (the peers
-        lock a job sent with a countdown or ETA as any other)."""
+        lock a job sent with a countdown or ETA as any other). Made once per task: taskdedup
+        binds a policy again whenever it is handed another dict."""
+        return self._deduplicate()
+
+    @freeze
+    def _deduplicate(self) -> dict[str, Any]:
         return {**self.peer_policy(), "including_scheduled": True}
 
     @classmethod
@@ -215,13 +236,17 @@ class CompatTask(Task):  # type: ignore[misc]
                 self.adopts_any_holder and mirror.force_release(key)
             )
             return super().__call__(*args, **kwargs)
+        _read_late()
         lease_ms = int(self._lease_seconds() * 1000)
-        if mirror.adopt(key, request.id, lease_ms, self.adopts_any_holder):
-            KEEPER.keep(mirror, key, request.id, lease_ms)
+        # written now, read when the body ends: the round trip overlaps taskdedup's claim.
+        # Renewing a key this job did not adopt does nothing (the renewal names the job).
+        adopted = mirror.send_adopt(key, request.id, lease_ms, self.adopts_any_holder)
+        KEEPER.keep(mirror, key, request.id, lease_ms)
         try:
             return super().__call__(*args, **kwargs)
         finally:
             KEEPER.drop(mirror, key)
+            _quietly(adopted.reply)
 
     def unlocks_at_start(self) -> bool:
         """Whether the peer's key is freed when the job starts (celery-once's option)."""
@@ -260,7 +285,25 @@ class CompatTask(Task):  # type: ignore[misc]
         key = self._request_peer_key(args, kwargs) if mirror is not None else None
         if mirror is not None and key is not None and self.request.id:
             KEEPER.drop(mirror, key)
-            mirror.release(key, self.request.id)
+            _read_late()
+            _CALL.late = mirror.send_release(key, self.request.id)  # read at the next job
+
+
+def _read_late() -> None:
+    """Read the reply of this thread's last release, written when its job ended."""
+    late = getattr(_CALL, "late", None)
+    if late is not None:
+        _CALL.late = None
+        _quietly(late.reply)
+
+
+def _quietly(call: Callable[[], Any]) -> None:
+    """A worker's call on the peer's key that failed (its Redis is down) is logged; the job's
+    own outcome stands, and the key lapses with its lease."""
+    try:
+        call()
+    except Exception:
+        log.warning("taskdedup.compat: the peer's key could not be updated", exc_info=True)
 
 
 def _install(app: Any, cls: type) -> None:
@@ -300,18 +343,3 @@ def _default_store(app: Any) -> None:
                 urls.append(url)
     if urls:
         conf.taskdedup_url = urls[0]
-
-
-def freeze(fn: Callable[[Any], T]) -> Callable[[Any], T]:
-    """A method's result cached on the instance (the peer's backend, built once)."""
-    name = "_compat_" + fn.__name__
-
-    @functools.wraps(fn)
-    def cached(self: Any) -> T:
-        try:
-            return cast(T, self.__dict__[name])
-        except KeyError:
-            value = self.__dict__[name] = fn(self)
-            return value
-
-    return cached

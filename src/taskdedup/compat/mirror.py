@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,42 @@ return 0
 """
 
 
+class Sent:
+    """A script call written now and read later (:meth:`reply`), so that a worker does not
+    wait for the round trip: the server runs it as soon as it arrives, in order with the
+    worker's other commands. A call that could not be written runs the usual way when its
+    reply is read."""
+
+    __slots__ = ("_again", "_connection", "_pool")
+
+    def __init__(self, script: Any, keys: list[str], args: list[Any]) -> None:
+        self._again: Callable[[], Any] = lambda: script(keys=keys, args=args)
+        self._pool = script.registered_client.connection_pool
+        self._connection: Any = None
+        try:
+            connection = self._pool.get_connection()
+        except Exception:
+            return
+        try:
+            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except Exception:
+            self._pool.release(connection)
+            return
+        self._connection = connection
+
+    def reply(self) -> Any:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return self._again()
+        try:
+            return connection.read_response()
+        except Exception:  # (NOSCRIPT after a server restart, a broken connection)
+            connection.disconnect()
+            return self._again()
+        finally:
+            self._pool.release(connection)
+
+
 class RedisMirror:
     """The peer's key on the peer's Redis, with the few atomic operations a migration needs."""
 
@@ -65,6 +102,22 @@ class RedisMirror:
         self._renew = client.register_script(_RENEW)
         self._hold = client.register_script(_HOLD)
         self._release = client.register_script(_RELEASE)
+        self._loaded = False
+
+    def _send(self, script: Any, keys: list[str], args: list[Any]) -> Sent:
+        if not self._loaded:  # (EVALSHA needs the scripts on the server: load them once)
+            for loaded in (self._adopt, self._release):
+                self.client.script_load(loaded.script)
+            self._loaded = True
+        return Sent(script, keys, args)
+
+    def send_adopt(self, key: str, value: str, lease_ms: int, any_holder: bool) -> Sent:
+        """:meth:`adopt`, written now and read later."""
+        return self._send(self._adopt, [key], [value, lease_ms, "1" if any_holder else "0"])
+
+    def send_release(self, key: str, value: str) -> Sent:
+        """:meth:`release`, written now and read later."""
+        return self._send(self._release, [key], [value])
 
     def take(self, key: str, value: str, ttl_ms: int | None) -> bool:
         """``SET key value NX [PX ttl]``, as the peer takes it: True if this call took it."""
@@ -122,14 +175,17 @@ class Keeper:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._pid = 0
+        self._lease_ms = 60_000  # the shortest lease held when the thread last looked
 
     def keep(self, mirror: RedisMirror, key: str, value: str, lease_ms: int) -> None:
         with self._lock:
             self._held[(id(mirror), key)] = _Held(mirror, key, value, lease_ms)
+            wake = lease_ms < self._lease_ms  # (a shorter lease than the thread waits for)
             if self._pid != os.getpid():
-                self._pid = os.getpid()
+                self._pid, wake = os.getpid(), False
                 threading.Thread(target=self._run, name="taskdedup-mirror", daemon=True).start()
-        self._wake.set()
+        if wake:
+            self._wake.set()
 
     def drop(self, mirror: RedisMirror, key: str) -> None:
         """Stop renewing (the job ended or went back to the queue)."""
@@ -141,7 +197,8 @@ class Keeper:
         while self._pid == pid:
             with self._lock:
                 held = list(self._held.values())
-            wait = min((h.lease_ms for h in held), default=60_000) / 3000
+                self._lease_ms = min((h.lease_ms for h in held), default=60_000)
+            wait = self._lease_ms / 3000
             if self._wake.wait(wait):
                 self._wake.clear()
                 continue

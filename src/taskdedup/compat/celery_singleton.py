@@ -211,6 +211,13 @@ class Singleton(CompatTask):
 
     @property
     def singleton_backend(self) -> Any:
+        """The backend, looked up once per task (its URL, class and arguments are read once,
+        as the original reads them once per process; the prefix, expiry, raise flag and
+        encoder are read on every use)."""
+        return self._peer_backend()
+
+    @freeze
+    def _peer_backend(self) -> Any:
         return get_backend(self.singleton_config)
 
     @property

@@ -4,6 +4,7 @@ it, and the CLI and the metrics see compat jobs and their duplicates."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -163,6 +164,9 @@ def test_the_cli_lists_a_compat_job_and_the_metrics_count_its_duplicates(
     shown = taskdedup("--url", redis_url, "--prefix", key_prefix, "locks", "--json")
     assert shown.returncode == 0, shown.stderr
     assert held.id in shown.stdout and job.name in shown.stdout
+    record = next(json.loads(line) for line in shown.stdout.splitlines() if held.id in line)
+    told = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", record["key"])
+    assert f"accepted: {held.id} took the key ({job.name})" in told.stdout, told.stdout
     counted = registry.get_sample_value(
         "taskdedup_decisions_total",
         {"task": job.name, "decision": "enqueue", "outcome": "duplicate"},

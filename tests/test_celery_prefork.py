@@ -21,10 +21,12 @@ def delete_queue(app: Any, queue: str) -> None:
         conn.default_channel.queue_delete(queue)
 
 
-CELERY_WORKER = [
-    "celery",
-    "-A",
-    "celery_worker_app",
+def celery_worker(app_module: str) -> list[str]:
+    """The prefork worker command line for the app in ``app_module`` (beside this file)."""
+    return ["celery", "-A", app_module, *WORKER_ARGS]
+
+
+WORKER_ARGS = [
     "worker",
     "--pool",
     "prefork",
@@ -36,6 +38,7 @@ CELERY_WORKER = [
     "--without-mingle",
     "--without-heartbeat",
 ]
+CELERY_WORKER = celery_worker("celery_worker_app")
 
 
 def celery_ready(worker: WorkerProcess) -> bool:

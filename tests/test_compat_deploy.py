@@ -24,6 +24,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from harness import wait_for
+from test_celery_prefork import celery_worker
 from worker_process import HERE, WorkerProcess
 
 celery_once = pytest.importorskip("celery_once")
@@ -205,21 +206,7 @@ def _free(deploy: Deploy) -> bool:
 
 # ------------------------------------------------------------------ kill -9
 
-CELERY_WORKER = [
-    "celery",
-    "-A",
-    "compat_worker_app",
-    "worker",
-    "--pool",
-    "prefork",
-    "--concurrency",
-    "2",
-    "--loglevel",
-    "INFO",
-    "--without-gossip",
-    "--without-mingle",
-    "--without-heartbeat",
-]
+CELERY_WORKER = celery_worker("compat_worker_app")
 
 
 @pytest.fixture

@@ -28,7 +28,10 @@ from celery import Task
 from kombu.utils.uuid import uuid
 
 from ..celery.messages import header
+from ..celery.state import CeleryDedup, integration_for
+from ..celery.tasks import task_policy
 from ..errors import ConfigError
+from ..policy import TaskPolicy
 from .mirror import KEEPER, PEER_KEY_HEADER, RedisMirror
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
@@ -160,9 +163,7 @@ class CompatTask(Task):  # type: ignore[misc]
     def _note_duplicate(self, peer_key: str, holder: str | None) -> None:
         """A duplicate the peer's key answered never reached taskdedup's core: count and log
         it there as the core's own (metrics, the ``taskdedup`` logger, signals)."""
-        from ..celery.state import integration_for
-
-        integ = integration_for(self._get_app())
+        integ, _ = self._native()
         if integ is not None:
             integ.dedup.note(
                 "enqueue", "duplicate", logging.INFO, self.name, holder=holder, peer_key=peer_key
@@ -199,11 +200,7 @@ class CompatTask(Task):  # type: ignore[misc]
         it (an old worker ran the job and deleted its key, or ``clear_locks``, or its ttl
         ran out). The peer's key decides, as it does for old producers: a holder still
         queued is let go; a running one keeps its lock (no second run beside it)."""
-        from ..celery.state import integration_for
-        from ..celery.tasks import task_policy
-
-        integ = integration_for(self._get_app())
-        policy = None if integ is None else task_policy(self, integ.settings)
+        integ, policy = self._native()
         if integ is None or policy is None:
             return False
         native_key = policy.key_for(args or (), kwargs or {})
@@ -253,12 +250,14 @@ class CompatTask(Task):  # type: ignore[misc]
         return False
 
     def _lease_seconds(self) -> float:
-        from ..celery.state import integration_for
-        from ..celery.tasks import task_policy
-
-        integ = integration_for(self._get_app())
-        policy = None if integ is None else task_policy(self, integ.settings)
+        _, policy = self._native()
         return policy.policy.lease_seconds if policy is not None else 30.0
+
+    def _native(self) -> tuple[CeleryDedup | None, TaskPolicy | None]:
+        """taskdedup's integration of this task's app and the task's bound policy (either
+        None before taskdedup is installed)."""
+        integ = integration_for(self._get_app())
+        return integ, None if integ is None else task_policy(self, integ.settings)
 
     def taskdedup_freed(self, request: Any, why: str) -> None:
         """taskdedup freed this job's lock on revoke, expiry or termination (on the worker,
@@ -312,7 +311,6 @@ def _install(app: Any, cls: type) -> None:
         return
     app._taskdedup_compat = True
     from ..celery import install
-    from ..celery.state import integration_for
 
     if integration_for(app) is None:
         install(app)

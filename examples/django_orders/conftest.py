@@ -65,6 +65,10 @@ def database() -> Iterator[None]:
     connections.close_all()
     from taskdedup.stores.postgres import PostgresStore
 
-    PostgresStore(url, key_prefix=os.environ["ORDERS_KEY_PREFIX"], migrate=False).drop_tables()
+    store = PostgresStore(url, key_prefix=os.environ["ORDERS_KEY_PREFIX"], migrate=False)
+    try:
+        store.drop_tables()
+    finally:
+        store.close()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {os.environ['ORDERS_SCHEMA']} CASCADE")

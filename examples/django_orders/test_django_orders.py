@@ -18,7 +18,10 @@ from taskdedup.stores.base import Scan
 
 def locks() -> list[object]:
     store = from_url(os.environ["DATABASE_URL"], key_prefix=os.environ["ORDERS_KEY_PREFIX"])
-    return store.run(Scan())
+    try:
+        return store.run(Scan())
+    finally:
+        store.close()  # (a pool left to the garbage collector may be collected in its own thread)
 
 
 def wait_until(predicate: object, seconds: float = 30) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
 from orders_app import DATABASE_URL, KEY_PREFIX, Base, Order, broker, create_order, engine, receipts
@@ -34,8 +35,8 @@ def shop() -> Iterator[None]:
     asyncio.run(up())
     yield
     asyncio.run(down())
-    store = from_url(DATABASE_URL, key_prefix=KEY_PREFIX)
-    store.drop_tables()  # type: ignore[attr-defined]
+    with closing(from_url(DATABASE_URL, key_prefix=KEY_PREFIX)) as store:
+        store.drop_tables()  # type: ignore[attr-defined]
 
 
 def run(coro: object) -> object:
@@ -56,7 +57,8 @@ def test_a_declined_request_leaves_no_order_no_lock_and_no_job(shop: None) -> No
 
     run(scenario())
     assert "o-1" not in receipts
-    assert from_url(DATABASE_URL, key_prefix=KEY_PREFIX).run(Scan()) == []
+    with closing(from_url(DATABASE_URL, key_prefix=KEY_PREFIX)) as store:
+        assert store.run(Scan()) == []
 
 
 def test_a_committed_request_kicks_once_and_a_retry_gets_the_same_job(shop: None) -> None:

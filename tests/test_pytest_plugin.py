@@ -29,9 +29,24 @@ def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_fixtures_compose_with_celerys_in_process_fixtures() -> None:
+@pytest.mark.parametrize(
+    "plugins",
+    [(), ("-p", "no:celery"), ("-p", "no:celery", "-p", "celery.contrib.pytest")],
+    ids=["pytest-celery", "no-celery-fixtures", "celery-legacy-fixtures"],
+)
+def test_the_worker_fixture_runs_a_real_worker_with_or_without_pytest_celery(
+    plugins: tuple[str, ...],
+) -> None:
+    """pytest-celery 1.x (installed here, no Docker) makes Celery's ``celery_worker`` a
+    container; ``taskdedup_celery_worker`` is in-process whatever is loaded."""
     case = ROOT / "tests" / "plugin_cases" / "case_celery_fixtures.py"
-    done = run_pytest("-p", "celery.contrib.pytest", str(case))
+    done = run_pytest(*plugins, str(case))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+def test_a_project_overrides_the_app_fixture_to_test_its_own_app() -> None:
+    done = run_pytest(str(ROOT / "tests" / "plugin_cases" / "case_own_app.py"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
 

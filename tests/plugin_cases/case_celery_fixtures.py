@@ -1,6 +1,7 @@
-"""Run by tests/test_pytest_plugin.py in a pytest of its own, with Celery's in-process fixtures
-(``-p celery.contrib.pytest``, what pytest-celery enables): taskdedup's fixtures compose with
-``celery_app`` and ``celery_worker``, and a real worker runs on the test's store."""
+"""Run by tests/test_pytest_plugin.py in a pytest of its own: with pytest-celery 1.x installed
+(its ``celery_worker`` is a Docker container), with Celery's legacy fixtures only
+(``-p celery.contrib.pytest``) and with no Celery fixtures at all (``-p no:celery``), a real
+in-process worker runs on the test's store through ``taskdedup_celery_worker``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def celery_config() -> dict[str, Any]:
 
 
 def test_a_real_worker_runs_the_job_a_repeat_was_answered_with(
-    taskdedup_celery_app: Any, celery_worker: Any
+    taskdedup_celery_app: Any, taskdedup_celery_worker: Any
 ) -> None:
     app = taskdedup_celery_app
 
@@ -28,7 +29,7 @@ def test_a_real_worker_runs_the_job_a_repeat_was_answered_with(
     def build(sha: str) -> str:
         return sha
 
-    celery_worker.reload()  # the worker learns a task defined after it started
+    taskdedup_celery_worker.reload()  # the worker learns a task defined after it started
     first = build.delay("abc")
     assert_deduplicated(first, build.delay("abc"))
     assert first.get(timeout=20) == "abc"

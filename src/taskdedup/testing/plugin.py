@@ -17,10 +17,18 @@ Fixtures:
   ``DedupMiddleware`` added), each later test moving it to its own store. The app's own
   ``taskdedup_*`` settings (or the middleware's) apply.
 
-They compose with Celery's in-process fixtures (``celery_app``, ``celery_worker``,
-``celery_config``; pytest-celery enables them, or ``-p celery.contrib.pytest``): install on
-``celery_app`` before the worker starts by listing ``taskdedup_celery_app`` (``celery_app``
-with taskdedup installed) before ``celery_worker``.
+- ``taskdedup_celery_app``: a Celery app with taskdedup installed on ``taskdedup_store``:
+  Celery's ``celery_app`` when Celery's pytest fixtures are loaded (pytest-celery installed, or
+  ``-p celery.contrib.pytest``), else an app of its own on the ``memory://`` broker. A project
+  overrides it in its conftest to test its own app: ``return taskdedup_install(app)``.
+- ``taskdedup_celery_worker``: a real in-process worker (Celery's ``start_worker``, the solo
+  pool) on ``taskdedup_celery_app``, started after taskdedup is on the app and stopped after
+  the test; ``taskdedup_celery_worker_parameters`` (a dict) is passed on to ``start_worker``.
+
+Why a worker fixture of its own: pytest-celery 1.x replaces Celery's in-process
+``celery_worker`` with a container worker that needs Docker (celery/pytest-celery#442), so no
+fixture here depends on ``celery_worker`` by name. With Docker, pytest-celery's ``celery_setup``
+containers and ``--taskdedup-redis`` pointed at the container's Redis work beside these.
 """
 
 from __future__ import annotations
@@ -96,9 +104,49 @@ def taskdedup_install(taskdedup_store: Store) -> Iterator[Callable[[Any], Any]]:
 
 
 @pytest.fixture
-def taskdedup_celery_app(celery_app: Any, taskdedup_install: Callable[[Any], Any]) -> Any:
-    """Celery's ``celery_app`` fixture with taskdedup installed on ``taskdedup_store``."""
-    return taskdedup_install(celery_app)
+def taskdedup_celery_app(
+    request: pytest.FixtureRequest, taskdedup_install: Callable[[Any], Any]
+) -> Iterator[Any]:
+    """Celery's ``celery_app`` (when its pytest fixtures are loaded), else an app of this
+    fixture's own on ``memory://``, with taskdedup installed on ``taskdedup_store``."""
+    try:
+        app = request.getfixturevalue("celery_app")
+    except pytest.FixtureLookupError:
+        yield taskdedup_install(_own_celery_app())
+        return
+    yield taskdedup_install(app)
+
+
+def _own_celery_app() -> Any:
+    """What Celery's ``celery_app`` fixture would give: a test app on the in-memory transport
+    and result backend, not set as the current app."""
+    from celery.contrib.testing.app import TestApp
+
+    return TestApp(
+        set_as_current=False,
+        config={"broker_url": "memory://", "result_backend": "cache+memory://"},
+    )
+
+
+@pytest.fixture
+def taskdedup_celery_worker_parameters() -> dict[str, Any]:
+    """Keyword arguments for Celery's ``start_worker`` (override to change the pool, the
+    queues, the shutdown timeout...)."""
+    return {}
+
+
+@pytest.fixture
+def taskdedup_celery_worker(
+    taskdedup_celery_app: Any, taskdedup_celery_worker_parameters: dict[str, Any]
+) -> Iterator[Any]:
+    """A real in-process Celery worker on ``taskdedup_celery_app`` for this test (a
+    ``WorkController``; ``.reload()`` after defining a task in the test)."""
+    from celery.contrib.testing.worker import start_worker
+
+    options: dict[str, Any] = {"pool": "solo", "perform_ping_check": False}
+    options.update(taskdedup_celery_worker_parameters)
+    with start_worker(taskdedup_celery_app, **options) as worker:
+        yield worker
 
 
 def use_store(app_or_broker: Any, store: Store) -> Callable[[], None]:

@@ -58,8 +58,8 @@ CLASSES_ABOVE: dict[str, int] = {}
 #: operations on the caller's connection, are the core's (transactions.py, the store), but
 #: only the adapter can hold its framework's publish until the commit: +9 (Celery's publish
 #: split from its answer), +6 (taskiq's kick).
-ADAPTERS_ABOVE = {"taskdedup.celery": 1772, "taskdedup.taskiq": 1231}
-ADAPTER_TARGETS = {"taskdedup.celery": 1772, "taskdedup.taskiq": 1231}
+ADAPTERS_ABOVE = {"taskdedup.celery": 1771, "taskdedup.taskiq": 1230}
+ADAPTER_TARGETS = {"taskdedup.celery": 1771, "taskdedup.taskiq": 1230}
 
 
 def modules() -> dict[str, Path]:

@@ -254,3 +254,42 @@ def test_explain_says_what_the_duplicates_of_the_newest_wins_modes_did() -> None
         " with the last one's arguments, followed it"
     )
     assert line("deduplicated", "-", "A", 1) == "deduplicated: a submission was answered with A"
+
+
+@pytest.mark.parametrize("layout", ["store apart", "fused"])
+def test_explain_tells_the_duplicates_a_double_click_was_answered_with(
+    redis_url: str, key_prefix: str, layout: str
+) -> None:
+    """A double click: the second and third ``delay()`` are answered with the first job (the
+    recent-keys path, while the first job's confirmation still waits in this process). The
+    lock counts them, so ``locks`` and ``explain <job>`` say why those calls did not run."""
+    from celery import Celery
+
+    from taskdedup.celery import deduplicate, install
+
+    broker = redis_url if layout == "fused" else redis_url.rsplit("/", 1)[0] + "/1"
+    app = Celery(key_prefix, broker=broker, set_as_current=False)
+    app.conf.update(taskdedup_url=redis_url, taskdedup_key_prefix=key_prefix)
+    install(app)
+
+    @deduplicate("until_executed")
+    @app.task(name="ci.build", shared=False)
+    def build(sha: str) -> str:
+        return sha
+
+    first = build.delay("abc")
+    repeats = [build.delay("abc"), build.delay("abc")]
+    assert [r.id for r in repeats] == [first.id, first.id]
+    assert all(r.deduplicated for r in repeats)
+    told = ""
+
+    def counted() -> bool:
+        nonlocal told
+        told = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", first.id).stdout
+        return "it answered 2 duplicates so far" in told
+
+    wait_for(counted, 10, "explain to tell the two duplicates")
+    assert f"held by {first.id} (ci.build)" in told
+    table = taskdedup("--url", redis_url, "--prefix", key_prefix, "locks").stdout.splitlines()
+    assert table[1].split()[table[0].split().index("DUPS")] == "2"
+    app.close()

@@ -477,3 +477,61 @@ def test_a_newest_wins_option_on_the_wrong_policy_names_task_and_fix(
 
     said = str(caught.value)
     assert "task 'docs.render'" in said and says in said
+
+
+# ------------------------------------------------------------- first-hour rough edges (issue 30)
+
+
+def test_a_task_class_with_a_bad_declaration_fails_where_it_is_registered() -> None:
+    """A class-based task is registered after the app finalized (``register_task`` finalizes
+    it first): its bad ``deduplicate`` is raised there, not at its first ``delay()``."""
+    app = memory_app()
+    install(app)
+
+    class Build(app.Task):  # type: ignore[name-defined,misc]
+        name = "jobs.build"
+        deduplicate = {"keys": ["nope"]}
+
+        def run(self, sha: str) -> str:
+            return sha
+
+    expected = (
+        "task 'jobs.build': keys= names 'nope', which the task does not take; "
+        "its parameters are: sha"
+    )
+    with pytest.raises(ConfigError) as err:
+        app.register_task(Build())
+    assert str(err.value) == expected
+
+
+def test_a_bad_reserve_option_names_the_task_once() -> None:
+    app = memory_app()
+    install(app)
+
+    @app.task(name="jobs.x", shared=False, reserve={"scope": "nope", "max_concurrent": 2})
+    def x(a: int) -> None: ...
+
+    with pytest.raises(ConfigError) as err:
+        app.finalize()
+    assert str(err.value) == (
+        "task 'jobs.x': reserve: scope='nope' is not one of its parameters (a); "
+        "name one, or pass a callable"
+    )
+    with pytest.raises(ConfigError) as decorated:
+
+        @reserve(2, scope="nope")
+        @app.task(name="jobs.y", shared=False)
+        def y(a: int) -> None: ...
+
+    assert str(decorated.value).count("jobs.y") == 1
+
+
+def test_a_taskiq_task_declared_before_the_middleware_is_refused_at_broker_startup() -> None:
+    broker = InMemoryBroker()
+
+    @broker.task(deduplicate="until_executd", task_name="jobs.ship")
+    async def ship(order_id: int) -> None: ...
+
+    broker.add_middlewares(DedupMiddleware(MemoryStore()))
+    with pytest.raises(ConfigError, match=r"'jobs.ship'.*'until_executd'.*'until_executed'"):
+        asyncio.run(broker.startup())

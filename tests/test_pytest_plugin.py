@@ -99,6 +99,22 @@ def test_eager_bypass_runs_every_call(taskdedup_install: Any) -> None:
     assert runs == ["ran", "ran"]
 
 
+def test_check_policies_passes_a_default_app_and_strict_names_acks_late(
+    taskdedup_install: Any,
+) -> None:
+    """A user's first use of the helper: Celery's defaults (acks_late off) are a sound app."""
+    app = Celery("defaults", broker="memory://", set_as_current=False)
+    taskdedup_install(app)
+
+    @deduplicate("until_executed")
+    @app.task(name="defaults.build", shared=False)
+    def build(sha: str) -> None: ...
+
+    assert set(check_policies(app)) == {"defaults.build"}
+    with pytest.raises(AssertionError, match=r"acks_late: defaults\.build: acks_late is off"):
+        check_policies(app, strict=True)
+
+
 def test_check_policies_names_each_problem(taskdedup_install: Any) -> None:
     app = Celery("policies", broker="memory://", set_as_current=False)
     taskdedup_install(app)

@@ -286,8 +286,9 @@ class Confirmer:
     def __init__(self, dedup: StoreUser, interval: float = 0.25) -> None:
         self.dedup = dedup
         self.interval = interval
-        self._pending: list[tuple[str, str, float]] = []  # key, job id, give up at
-        self._sending: frozenset[str] = frozenset()  # job ids of the batch on its way
+        #: key, job id, give up at, duplicates answered with the job here since the last batch
+        self._pending: list[tuple[str, str, float, int]] = []
+        self._sending: dict[str, str] = {}  # job id -> key, of the batch on its way
         self._failing = False
         self._mutex = threading.Lock()
         self._wake = threading.Event()
@@ -298,14 +299,14 @@ class Confirmer:
 
     def _reset(self) -> None:
         self._pending, self._failing, self._mutex = [], False, threading.Lock()
-        self._sending = frozenset()
+        self._sending = {}
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread, self._pid = None, 0
 
     def add(self, key: str, job_id: str) -> None:
         give_up = time.monotonic() + self.dedup.settings.grace
         with self._mutex:
-            self._pending.append((key, job_id, give_up))
+            self._pending.append((key, job_id, give_up, 0))
             if self._pid != os.getpid():  # first use, or a forked child
                 self._stop.clear()
                 _thread_of_this_process(self, "taskdedup-confirm", self.flush)
@@ -319,12 +320,28 @@ class Confirmer:
         with self._mutex:
             if self._pid != os.getpid():
                 return False
-            return job_id in self._sending or any(j == job_id for _, j, _ in self._pending)
+            return job_id in self._sending or any(item[1] == job_id for item in self._pending)
 
-    def _take(self) -> list[tuple[str, str, float]]:
+    def count_duplicate(self, job_id: str) -> None:
+        """A duplicate this process answered with ``job_id`` while the job's confirmation
+        waited here (the store saw a holder not yet confirmed, and counted nothing): it is
+        counted on the lock by the confirmation's own call, which costs the store no call."""
+        with self._mutex:
+            for index, (key, job, give_up, dups) in enumerate(self._pending):
+                if job == job_id:
+                    self._pending[index] = (key, job, give_up, dups + 1)
+                    return
+            sent = self._sending.get(job_id)
+            if sent is None:
+                return
+            give_up = time.monotonic() + self.dedup.settings.grace
+            self._pending.append((sent, job_id, give_up, 1))  # (confirming again is a no-op)
+        self._wake.set()
+
+    def _take(self) -> list[tuple[str, str, float, int]]:
         with self._mutex:
             batch, self._pending = self._pending, []
-            self._sending = frozenset(j for _, j, _ in batch)
+            self._sending = {item[1]: item[0] for item in batch}
         return batch
 
     def flush(self) -> int:
@@ -333,16 +350,18 @@ class Confirmer:
         if not batch:
             return 0
         try:
-            confirmed = self.dedup.store.run(Confirm(tuple((k, j) for k, j, _ in batch)))
+            items = tuple((key, job) for key, job, _, _ in batch)
+            counts = tuple(item[3] for item in batch)
+            confirmed = self.dedup.store.run(Confirm(items, counts if any(counts) else ()))
         except Exception as exc:  # a missed confirmation costs a dedup window, never a job
             return self._failed(batch, exc)
         finally:
             with self._mutex:
-                self._sending = frozenset()  # (a failed batch is back in _pending by now)
+                self._sending = {}  # (a failed batch is back in _pending by now)
         self._failing = False
         return confirmed
 
-    def _failed(self, batch: list[tuple[str, str, float]], exc: Exception) -> Literal[0]:
+    def _failed(self, batch: list[tuple[str, str, float, int]], exc: Exception) -> Literal[0]:
         """Keep for another try what the store did not take, while its grace lasts."""
         now = time.monotonic()
         again = [item for item in batch if item[2] > now]

@@ -42,7 +42,7 @@ from .policy import TaskPolicy
 from .reservations import renew_each
 from .settings import Settings
 from .stores import sends_early
-from .stores.base import AcquireReply, Lease, Op, Release, Store
+from .stores.base import AcquireReply, Lease, Op, Peek, Release, Store
 from .ticks import ScheduledTicks
 
 log = logging.getLogger("taskdedup")
@@ -151,7 +151,7 @@ class Runner:
         op, deadline = first or step.op, time.monotonic() + HOLDER_WAIT
         while True:
             try:
-                reply = self.published_here(self.store.run(op))
+                reply = self.published_here(self.store.run(op), op)
             except StoreUnavailable as exc:
                 return step.failed(exc)
             pause = None if step.waits is None else step.waits(reply)
@@ -165,7 +165,7 @@ class Runner:
         op, deadline = first or step.op, time.monotonic() + HOLDER_WAIT
         while True:
             try:
-                reply = self.published_here(await self.store.arun(op))
+                reply = self.published_here(await self.store.arun(op), op)
             except StoreUnavailable as exc:
                 return step.failed(exc)
             pause = None if step.waits is None else step.waits(reply)
@@ -181,11 +181,15 @@ class Runner:
             return None
         return HOLDER_POLL
 
-    def published_here(self, reply: Any) -> Any:
+    def published_here(self, reply: Any, op: Op[Any]) -> Any:
         """A holder whose publish this very process saw succeed (its confirmation is queued
-        here) is as good as confirmed: its reply is final, no need to wait for the batch."""
+        here) is as good as confirmed: its reply is final, no need to wait for the batch. A
+        peek counts nothing at such a holder: the duplicate is counted with the confirmation."""
         waiting = isinstance(reply, AcquireReply) and reply.pending and not reply.acquired
         if waiting and self.confirmer.queued(reply.holder):
+            if isinstance(op, Peek) and op.record_duplicate:
+                self.confirmer.count_duplicate(reply.holder)
+                return dataclasses.replace(reply, pending=False, duplicates=reply.duplicates + 1)
             return dataclasses.replace(reply, pending=False)
         return reply
 

@@ -56,6 +56,12 @@ class Features:
                 found[name] = policy
         return found
 
+    def check_declarations(self) -> None:
+        """Bind every known task's declaration now, as the app or broker starts: a bad one
+        (a task declared before taskdedup was added to its broker, say) is a ConfigError
+        here, so a worker refuses to start, not at the task's first submission."""
+        self.bound_policies(strict=True)
+
     def policy_sources(self, strict: bool) -> Iterable[tuple[str, Callable[[], TaskPolicy | None]]]:
         """Each known task's name and how to bind its policy (the adapter's part)."""
         return ()

@@ -109,7 +109,7 @@ class ReservePolicy:
 
     def check(self, task: str, fn: Callable[..., Any] | None) -> None:
         """An argument name the task does not take is a ConfigError now, not at enqueue."""
-        check_scope(self.scope, fn, f"task {task!r}: reserve ", "name one, or pass a callable")
+        check_scope(self.scope, fn, "", "name one, or pass a callable")
 
     def scope_for(
         self,

@@ -408,7 +408,7 @@ class Pushed:
 def after_push(dedup: Deduplicator, step: Step[Ticket], reply: AcquireReply) -> Flow[Pushed]:
     """Read the reply of ``step``'s acquire run with the push: a holder still being published
     is asked about again (counted once) until it is confirmed or gone."""
-    reply = dedup.published_here(reply)
+    reply = dedup.published_here(reply, step.op)
     if reply.acquired:
         return Pushed("pushed", step.done(reply))
     if step.waits is not None and step.waits(reply) is not None:

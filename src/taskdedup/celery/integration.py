@@ -53,16 +53,10 @@ def install(app: Any, store: Store | None = None, **settings: Any) -> CeleryDedu
     if app.finalized:
         integ.finalized()
 
-    def revoked(
-        sender: Any = None,
-        request: Any = None,
-        terminated: bool = False,
-        expired: bool = False,
-        **_: Any,
-    ) -> None:
+    def revoked(sender: Any = None, request: Any = None, **told: Any) -> None:
         """``task_revoked``: a discarded, expired or terminated job frees its key and slot."""
         if request is not None:
-            why = "terminated" if terminated else "expired" if expired else "revoked"
+            why = next((w for w in ("terminated", "expired") if told.get(w)), "revoked")
             on_revoked(integ, sender, request, why)
 
     def received(sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -91,12 +85,18 @@ def prepare_declared(task: Any) -> None:
 
 def _hook_finalize(app: Any, integ: CeleryDedup) -> None:
     """Run ``integ.finalized()`` at the end of every ``app.finalize()``, outside Celery's
-    signal dispatch (which would log a ConfigError and carry on)."""
-    original = app.finalize
+    signal dispatch (which would log a ConfigError and carry on); prepare a class-based task
+    as ``app.register_task`` (which finalizes first) registers it, so its bad declaration
+    raises there too."""
+    original, register = app.finalize, app.register_task
 
     @functools.wraps(original)
     def finalize(auto: bool = False) -> None:
         original(auto)
         integ.finalized()
 
-    app.finalize = finalize
+    def register_task(task: Any, **options: Any) -> Any:
+        integ.prepare(registered := register(task, **options))
+        return registered
+
+    app.finalize, app.register_task = finalize, register_task

@@ -20,7 +20,37 @@ from .explain import due_in, explain, find_key
 from .target import Target, resolve
 
 
-@click.group()
+class Group(click.Group):
+    """The group's options are taken after the subcommand too (``taskdedup locks --url ...``,
+    the order ``celery -A proj worker`` users also type), unless the subcommand has an
+    option of that name itself (``migrate --url``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self._hoisted(ctx, args))
+
+    def _hoisted(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ours = {name for param in self.params for name in param.opts}
+        at = 0
+        while at < len(args) and args[at] not in self.commands:  # (past our own options)
+            at += 1 if args[at].startswith("-") and "=" in args[at] else 2
+        if at >= len(args):
+            return args
+        command = self.commands[args[at]]
+        theirs = {name for param in command.get_params(ctx) for name in param.opts}
+        front, rest, index = args[: at + 1], args[at + 1 :], 0
+        moved: list[str] = []
+        while index < len(rest) and rest[index] != "--":
+            name = rest[index].split("=", 1)[0]
+            if name in ours and name not in theirs:
+                width = 1 if "=" in rest[index] else 2
+                moved += rest[index : index + width]
+                del rest[index : index + width]
+            else:
+                index += 1
+        return front[:-1] + moved + front[-1:] + rest
+
+
+@click.group(cls=Group)
 @click.option("-A", "--app", help="The Celery app, as `celery -A` takes it.")
 @click.option("--broker-module", help="The taskiq broker, as module:variable.")
 @click.option(

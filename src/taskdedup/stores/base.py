@@ -262,6 +262,9 @@ class Confirm(Op[int]):
     retried job's record learns that its retry went out."""
 
     items: tuple[tuple[str, str], ...]  # (key, job_id)
+    #: per item, the duplicates answered with its job in the producer's process while this
+    #: confirmation waited there (counted on the lock if the job still holds it); () for none
+    duplicates: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -201,6 +201,8 @@ def one_statement(
             claimed,
         )
     if kind is Confirm:
+        if cast(Confirm, op).duplicates:
+            return None  # (duplicates counted with it: the general way)
         items = cast(Confirm, op).items
         keys, jobs = [k for k, _ in items], [j for _, j in items]
         return store.sql.confirm, (store.class_id, keys, jobs, wait, sync), lambda row: row[0]

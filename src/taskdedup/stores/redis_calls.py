@@ -344,7 +344,9 @@ class ScriptCalls:
         for start in range(0, len(op.items), size):
             chunk = op.items[start : start + size]
             keys = [name for key, job in chunk for name in self.names(key, "lock", "job:" + job)]
-            calls.append(self._call("confirm", keys, [job for _, job in chunk], int))
+            argv: list[Any] = [job for _, job in chunk]
+            argv += op.duplicates[start : start + size]  # (none: () as usual)
+            calls.append(self._call("confirm", keys, argv, int))
         return calls
 
     def batch(

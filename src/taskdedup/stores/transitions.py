@@ -379,12 +379,14 @@ def _release(op: Release, r: Records) -> bool:
 
 def confirm(op: Confirm, r: Records) -> int:
     confirmed = 0
-    for key, job_id in op.items:
+    for index, (key, job_id) in enumerate(op.items):
         rec = r.get(r.name(key, "job:" + job_id))
         if rec is not None and rec.get("s") == "q":  # its retry went out
             rec["c"] = 1
         name = r.name(key, "lock")
         lock = r.get(name)
+        if lock is not None and lock["j"] == job_id and op.duplicates:
+            lock["d"] += op.duplicates[index]
         if lock is not None and lock["j"] == job_id and lock["s"] == "q" and not lock["c"]:
             lock["c"] = 1
             r.expire(name, lock["e"])

@@ -46,6 +46,9 @@ class DedupMiddleware(DedupState):
 
     # ------------------------------------------------------------------ taskiq hooks
 
+    async def startup(self) -> None:
+        self.check_declarations()  # (a task declared before this middleware was added)
+
     async def shutdown(self) -> None:
         await self.worker.close()
         if self._dedup is not None:

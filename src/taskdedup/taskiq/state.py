@@ -75,11 +75,8 @@ class DedupState(TaskiqMiddleware, Features, Callbacks):
 def _url_of(pool: Any) -> str:
     """The URL of a taskiq-redis broker's server (the broker keeps only its pool's settings)."""
     kw = pool.connection_kwargs
-    auth = ""
-    if kw.get("password"):
-        auth = f"{quote(kw.get('username') or '')}:{quote(kw['password'])}@"
-    elif kw.get("username"):
-        auth = f"{quote(kw['username'])}@"
+    user, password = quote(kw.get("username") or ""), kw.get("password")
+    auth = f"{user}:{quote(password)}@" if password else f"{user}@" if user else ""
     db = int(kw.get("db") or 0)
     if kw.get("path"):
         return f"unix://{auth}{kw['path']}?db={db}"

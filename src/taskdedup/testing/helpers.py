@@ -94,16 +94,25 @@ def crash(task: Any, handle: Any, clock: FakeClock) -> None:
     clock.advance(tp.policy.lease_seconds + 0.001)
 
 
-def check_policies(app_or_broker: Any, *, ignore: Iterable[str] = ()) -> dict[str, TaskPolicy]:
+#: doctor's checks of a deployment choice rather than of a policy: Celery's default
+#: (``acks_late`` off: a killed worker's job is not delivered again) is a sound app, so
+#: check_policies reports them only when ``strict``.
+DEPLOYMENT_CHOICES = frozenset({"acks_late"})
+
+
+def check_policies(
+    app_or_broker: Any, *, ignore: Iterable[str] = (), strict: bool = False
+) -> dict[str, TaskPolicy]:
     """Bind every task's policy of a Celery app or a taskiq broker and run ``taskdedup
     doctor``'s checks of them (no store needed): fail with every problem found, a bad
     declaration or a warning, except the checks named in ``ignore`` (``policy``,
-    ``acks_late``, ``visibility``). Returns the bound policies by task name."""
+    ``acks_late``, ``visibility``). ``acks_late`` off (Celery's default) fails only when
+    ``strict``. Returns the bound policies by task name."""
     try:
         target = _target(app_or_broker)
     except ConfigError as exc:  # a declaration that does not bind
         raise AssertionError(f"task policies with problems:\n  {exc}") from exc
-    skipped = set(ignore)
+    skipped = set(ignore) | (set() if strict else DEPLOYMENT_CHOICES)
     problems: list[Finding] = [
         f for f in policy_findings(target) if f.level != "ok" and f.check not in skipped
     ]

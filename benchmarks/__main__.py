@@ -1,14 +1,14 @@
-"""Run every benchmark in one process; print one table, write it to README.md and the figures to
-benchmarks/results/latest.json.
+"""Run every benchmark in one process; print one table, write it to docs/benchmarks.md and the
+figures to benchmarks/results/latest.json.
 
 ``--quick``: a few rounds only (a smoke run); ``--only core,celery,taskiq,drain,plot,store``:
 some groups (core, celery and drain also measure the PostgreSQL and SQLite stores beside the
 Redis store, in the same groups, where they can be: see ``sql_stores.py``; plot: enqueue
 throughput against producer threads and processes, docs/bench-throughput.png; store: the
 store's Redis commands and CPU per enqueue, duplicate and drained job, and what a finished job
-leaves, counted on a Redis of its own after the timed groups); ``--no-readme``: leave README.md
-alone. Only a whole run writes the README table and latest.json; a partial one (``--only``,
-``--quick``, ``--no-readme``) writes results/probe.json.
+leaves, counted on a Redis of its own after the timed groups); ``--no-docs``: leave
+docs/benchmarks.md alone. Only a whole run writes the docs' table and latest.json; a partial
+one (``--only``, ``--quick``, ``--no-docs``) writes results/probe.json.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from benchmarks import (
     throughput,
     worker_drain,
 )
-from benchmarks.common import RESULTS, machine, ratios, redis_url, table, update_readme
+from benchmarks.common import RESULTS, machine, ratios, redis_url, table, update_page
 from benchmarks.sql_stores import sql_stores
 
 GROUPS = ("core", "celery", "taskiq", "drain", "plot", "store")
@@ -36,7 +36,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=",".join(GROUPS), help=",".join(GROUPS))
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--no-docs", "--no-readme", dest="no_docs", action="store_true")
     args = parser.parse_args()
     only = set(args.only.split(","))
     if only - set(GROUPS):
@@ -68,9 +68,9 @@ def main() -> int:
     note = f"\n\nMeasured {started} by `make bench` on {about['summary']}."
     print(text + note)
     RESULTS.parent.mkdir(exist_ok=True)
-    # Only a whole run stands for the README: a partial one (--only, --quick, --no-readme)
+    # Only a whole run stands for the docs: a partial one (--only, --quick, --no-docs)
     # goes to probe.json, beside it, so latest.json and the table keep coming from one run.
-    whole = only == set(GROUPS) and not args.quick and not args.no_readme
+    whole = only == set(GROUPS) and not args.quick and not args.no_docs
     out = RESULTS if whole else RESULTS.with_name("probe.json")
     figures = [
         {"group": r.group, "operation": r.name, "p50_us": round(r.p50_us, 1),
@@ -90,8 +90,8 @@ def main() -> int:
         )
     )
     print(f"figures written to {out}")
-    if whole and update_readme(text + note):
-        print("README.md benchmark table updated.")
+    if whole and update_page(text + note):
+        print("docs/benchmarks.md benchmark table updated.")
     return 0
 
 

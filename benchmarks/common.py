@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: a Redis to measure on, timing, and the README table."""
+"""Shared pieces of the benchmarks: a Redis to measure on, timing, and the docs' table."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "benchmarks.md"  # (the docs site's Benchmarks page)
 RESULTS = ROOT / "benchmarks" / "results" / "latest.json"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
@@ -154,13 +154,13 @@ def _lines(path: str) -> list[str]:
         return []
 
 
-def update_readme(text: str) -> bool:
-    """Put ``text`` between the bench markers of README.md; False if the markers are missing."""
-    if not README.exists():
+def update_page(text: str) -> bool:
+    """Put ``text`` between the bench markers of docs/benchmarks.md; False if they are missing."""
+    if not PAGE.exists():
         return False
-    readme = README.read_text()
+    readme = PAGE.read_text()
     pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
     if not pattern.search(readme):
         return False
-    README.write_text(pattern.sub(lambda _: f"{START}\n{text}\n{END}", readme))
+    PAGE.write_text(pattern.sub(lambda _: f"{START}\n{text}\n{END}", readme))
     return True

@@ -700,7 +700,7 @@ COLUMNS = (NEW, FIRST, AGAIN, DRAINED, "over", "keys", "mb")
 
 
 def table(section: dict[str, Any]) -> str:
-    """The README's "Store work per operation" table: one line per layout and library."""
+    """The docs' "Store work per operation" table: one line per layout and library."""
     cells: dict[tuple[str, str], dict[str, str]] = {}
     for r in section["rows"]:
         line = cells.setdefault((r["group"], r["library"]), {})

@@ -173,7 +173,7 @@ class Jobs:
         """A revoked job whose worker could not tell the store (it was stalled or stopped)
         and was killed before the store answered again: the release it kept to send when
         the store is back died with it, and the key lapses after its ttl. A known limit
-        (README, *Guarantees*): pending releases live in the worker's memory."""
+        (docs/guarantees.md): pending releases live in the worker's memory."""
         revoked = self.revoked_at.get(job)
         if revoked is None:
             return False
@@ -626,7 +626,7 @@ def one_run_per_burst(
                 )
     # a seq that ran under two jobs of which one met a store outage is set apart: a call the
     # stalled store answered too late was published as a job of its own (G5) and yet folded
-    # into the burst when the store woke (README "Newest wins")
+    # into the burst when the store woke (docs/strategies/newest-wins.md)
     twice_all = {seq: sorted(ids) for seq, ids in seq_jobs.items() if len(ids) > 1}
     twice_seqs = {seq: ids for seq, ids in twice_all.items() if not tainted.intersection(ids)}
     lags.sort()
@@ -648,7 +648,7 @@ def one_run_per_burst(
             "max": round(lags[-1], 3) if lags else None,
         },
         # how often a burst's run came past its max_wait + grace (the store's life for its
-        # lock, which keeps the latest arguments): see README "Newest wins"
+        # lock, which keeps the latest arguments): see docs/strategies/newest-wins.md
         "start_past_max_wait_s": {
             "over_0": sum(1 for x in late if x > 0),
             "max": round(max(late), 3) if late else None,
@@ -667,7 +667,7 @@ def newest_ran(
     """Nothing newer is dropped: for each answered submission of a newest-wins task, a run
     of its key that ended for good ran its arguments or those of a later submission of that
     key (a queued job's duplicate, a duplicate owed a run after the running job, or the next
-    burst). Excused: submissions answered with a revoked or expired job (README: a revoke
+    burst). Excused: submissions answered with a revoked or expired job (docs: a revoke
     drops the job and the duplicates it answered for), or with a job lost in the broker
     transport. Set apart: submissions answered with a job of a key's busy period that met a
     store outage (:func:`tainted_jobs`). Under a name of their own (``lapsed_count``, still

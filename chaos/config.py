@@ -4,7 +4,7 @@ from __future__ import annotations
 
 #: Seconds. Above the longest store outage of the soak (3 s) plus a heartbeat interval (lease/3)
 #: and the store timeout, so a live job keeps its lease through an outage (a lease shorter than
-#: the store's outages lapses while its job runs, see README "Guarantees"); a killed job's key
+#: the store's outages lapses while its job runs, see docs/guarantees.md); a killed job's key
 #: is free again after it.
 LEASE = 8.0
 TTL = 600  # seconds: far beyond the soak, so a stranded lock is still there to be seen
@@ -14,7 +14,7 @@ STORE_TIMEOUT = 1  # seconds one store call may wait: a 3 s stall is an outage, 
 QUEUE = "chaos"
 STORE_PREFIX = "chaos"
 STRATEGIES = ("until_executed", "until_and_while_executing", "while_executing", "until_executing")
-#: the newest-wins tasks (README "Newest wins"): debounce, until_executed with
+#: the newest-wins tasks (docs/strategies/newest-wins.md): debounce, until_executed with
 #: on_conflict="supersede", and the same with running="cancel"; each submission carries a seq
 #: of its own (``f"{producer}-{counter}"``) that the body records, so the checker can tell
 #: whose arguments ran

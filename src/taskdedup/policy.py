@@ -83,7 +83,7 @@ def seconds(
 class Policy:
     """How to deduplicate one task.
 
-    strategy: when the lock is taken and released (see the README's strategy table).
+    strategy: when the lock is taken and released (the table of docs/strategies/index.md).
     ttl: seconds the enqueue lock lives at most (plus the delay of a scheduled job).
     lease: seconds a running job's lock lives without a heartbeat; a crash frees it after this.
     keys: names of the arguments that form the key (default: all of them).

@@ -6,8 +6,8 @@ not run and gets a handle to the job that holds its key (``.deduplicated``, no r
 result is the holder's); a new call runs, through the worker's claim and finish; a retry
 (``self.retry()`` applies again) keeps the lock, as a published retry does. Idempotency keys,
 reservation caps and the following of canvas members are taken where a message is published,
-so eager mode does not apply them (README). The ``eager`` setting's ``bypass`` gives the old
-behaviour back.
+so eager mode does not apply them (docs/testing.md). The ``eager`` setting's ``bypass`` gives
+the old behaviour back.
 """
 
 from __future__ import annotations

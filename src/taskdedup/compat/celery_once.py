@@ -17,7 +17,7 @@ or the ``keys`` named, without defaults), ``SET key token NX PX timeout`` in the
 call, ``unlock_before_run``, the lock freed after success or a final failure and kept through
 ``self.retry()``, eager mode. The original package need not be installed.
 
-What taskdedup adds (see the README's *Migrating from celery-once*): taskdedup's lock beside
+What taskdedup adds (see docs/migration.md): taskdedup's lock beside
 the peer's key, so a worker killed mid-job frees the key within its lease (not the timeout), a
 revoked or expired job frees it, the lock is kept while a job runs longer than ``timeout``, a
 publish that fails gives the lock back, the key is freed even when JSON changed the arguments,

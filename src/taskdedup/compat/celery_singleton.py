@@ -16,7 +16,7 @@ with ``lock_expiry``/``singleton_lock_expiry``, a duplicate answered with the ho
 master: ``unique_on=[]`` (the task name only), defaults bound for ``unique_on`` arguments and
 ``singleton_json_encoder_class``. The original package need not be installed.
 
-What taskdedup adds (see the README's *Migrating from celery-singleton*): ``self.retry()``
+What taskdedup adds (see docs/migration.md): ``self.retry()``
 works (the original's retry met its own lock and never ran again), a worker killed mid-job or a
 revoked job frees the key within its lease instead of never, a lock whose expiry passes while
 the job runs stays held until it ends (no second run beside it), and the CLI, ``explain`` and

@@ -293,3 +293,20 @@ def test_explain_tells_the_duplicates_a_double_click_was_answered_with(
     table = taskdedup("--url", redis_url, "--prefix", key_prefix, "locks").stdout.splitlines()
     assert table[1].split()[table[0].split().index("DUPS")] == "2"
     app.close()
+
+
+def test_a_broker_module_in_the_current_directory_is_found(tmp_path: Path) -> None:
+    """As ``celery -A`` and ``taskiq worker`` find it (no PYTHONPATH=. needed)."""
+    (tmp_path / "shop_tasks.py").write_text(
+        "from taskiq import InMemoryBroker\n"
+        "from taskdedup.taskiq import DedupMiddleware\n\n"
+        "broker = InMemoryBroker().with_middlewares(DedupMiddleware('memory://'))\n\n\n"
+        "@broker.task(deduplicate='until_executed', task_name='shop.receipt')\n"
+        "async def receipt(order_id: int) -> None: ...\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [SCRIPT, "--broker-module", "shop_tasks:broker", "stats"],
+        capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -213,3 +213,21 @@ def test_a_taskiq_broker_moved_to_a_new_store_renews_and_frees_locks_there() -> 
         await broker.shutdown()
 
     asyncio.run(asyncio.wait_for(two_tests(), 30))
+
+
+def test_check_policies_imports_the_apps_task_modules_as_a_worker_does(
+    taskdedup_install: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Django's ``autodiscover_tasks()`` and ``include=`` import the tasks lazily: the helper
+    imports them as a worker does, rather than pass having checked nothing."""
+    (tmp_path / "lazy_tasks.py").write_text(
+        "from celery import shared_task\n"
+        "from taskdedup.celery import deduplicate\n\n\n"
+        '@deduplicate("until_executed")\n'
+        '@shared_task(name="lazy.build")\n'
+        "def build(sha): ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = Celery("lazy", broker="memory://", include=["lazy_tasks"], set_as_current=False)
+    taskdedup_install(app)
+    assert set(check_policies(app)) == {"lazy.build"}

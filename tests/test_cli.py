@@ -310,3 +310,16 @@ def test_a_broker_module_in_the_current_directory_is_found(tmp_path: Path) -> No
         capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_locks_lists_locks_not_idempotency_records(redis_url: str, key_prefix: str) -> None:
+    """An idempotency key's record is kept beside the locks, but it is no lock: ``locks``
+    showed it as a queued lock of task ``?`` for a day (the demo's section 6)."""
+    from taskdedup.idempotency import IdempotencyKeys
+
+    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix))
+    keys = IdempotencyKeys(dedup)
+    assert dedup.run(keys.plan("ci-run-41", "ci.build", "f1", "job-1")).outcome == "new"
+    table = taskdedup("--url", redis_url, "--prefix", key_prefix, "locks").stdout
+    assert table.splitlines()[-1] == "0 lock(s)", table
+    dedup.close()

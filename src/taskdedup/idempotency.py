@@ -31,7 +31,7 @@ from .errors import (
 )
 from .flow import Flow, Pause, adrive, drive
 from .policy import Policy, seconds
-from .stores.base import Op, Release, Remember, RememberReply, ms
+from .stores.base import IDEMPOTENCY_KEY, Op, Release, Remember, RememberReply, ms
 
 if TYPE_CHECKING:
     from .core import Deduplicator
@@ -53,7 +53,7 @@ def check_key(key: object) -> str:
 
 def record_key(key: str) -> str:
     """The store key of an idempotency key (a digest, so any valid key is a safe name)."""
-    return "idem:" + hashlib.sha256(key.encode()).hexdigest()[:32]
+    return IDEMPOTENCY_KEY + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def fingerprint(

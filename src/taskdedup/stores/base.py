@@ -384,9 +384,14 @@ class JobState(Op[JobStatus]):
     job_id: str
 
 
+#: What starts the key of an idempotency key's record, which lives beside the locks (in a
+#: lock-shaped record: Remember) but is no lock: Scan leaves it out.
+IDEMPOTENCY_KEY = "idem:"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Scan(Op[list[LockInfo]]):
-    """Every live lock (for the tools), at most ``limit``."""
+    """Every live lock (for the tools), at most ``limit``; idempotency records are left out."""
 
     limit: int = 1000
 

@@ -27,6 +27,7 @@ import redis.exceptions
 from .. import events
 from ..errors import ConfigError, CorruptRecord, StoreUnavailable
 from .base import (
+    IDEMPOTENCY_KEY,
     Acquire,
     AcquireReply,
     Event,
@@ -385,7 +386,7 @@ def _scan(store: RedisStore, op: Scan) -> list[LockInfo]:
         if not name.endswith(("}:lock", "}:run")):
             continue
         key = name[len(head) : name.rindex("}")]
-        if key in seen:
+        if key in seen or key.startswith(IDEMPOTENCY_KEY):
             continue
         seen.add(key)
         info = store.run(Inspect(key))

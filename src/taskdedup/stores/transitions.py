@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import (
+    IDEMPOTENCY_KEY,
     LOST,
     RENEWED,
     SUPERSEDED,
@@ -444,7 +445,7 @@ def scan(op: Scan, r: Records) -> list[LockInfo]:
     for name in r.names():
         if name.startswith(head) and name.endswith(("}:lock", "}:run")):
             key = name[len(head) : name.rindex("}")]
-            if key not in keys:
+            if key not in keys and not key.startswith(IDEMPOTENCY_KEY):
                 keys.append(key)
     found = [found for key in keys if (found := info(r, key)) is not None]
     return found[: op.limit]

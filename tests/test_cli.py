@@ -323,3 +323,26 @@ def test_locks_lists_locks_not_idempotency_records(redis_url: str, key_prefix: s
     table = taskdedup("--url", redis_url, "--prefix", key_prefix, "locks").stdout
     assert table.splitlines()[-1] == "0 lock(s)", table
     dedup.close()
+
+
+def test_explain_tells_a_job_recovered_after_kill_9_ran_and_finished(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The demo's kill -9: a redelivered copy waited while the dead run's lease lasted, then
+    ran and finished. explain said the key had expired (it read the waited entry's worker as
+    the job)."""
+    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix))
+
+    def sync(account: str) -> None: ...
+
+    policy = Policy("until_executed", lease=1).bind("ledger.sync", sync)
+    ticket = dedup.enqueue(policy, ("acme",), job_id="job-1")
+    dedup.published(ticket)
+    key = ticket.key or ""
+    assert dedup.claim(policy, "job-1", key=key).should_run  # its worker is killed here
+    assert dedup.claim(policy, "job-1", key=key).outcome == "running"  # the copy waits
+    wait_for(lambda: dedup.claim(policy, "job-1", key=key).should_run, 10, "the lease to end")
+    dedup.finish(policy, key, "job-1")
+    told = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", key).stdout
+    assert f"key {key}: free: job-1 ran and finished" in told, told
+    dedup.close()

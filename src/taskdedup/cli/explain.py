@@ -188,8 +188,8 @@ def _now(target: Target, key: str, info: LockInfo | None, events: list[Event]) -
         return now + _answered(info, tp is not None and tp.policy.on_conflict == "supersede")
     if not events or events[0].what not in HOLDING:
         return "free"
-    last = events[0]
-    holder = last.detail[0] if last.what in {*DUPLICATES, "waited"} else last.job_id
+    last = events[0]  # (a delivery that waited is the job that later ran: a killed run's copy)
+    holder = last.detail[0] if last.what in DUPLICATES else last.job_id
     if store.run(JobState(key, holder)) == "finished":  # its end is not written: it is usual
         return f"free: {holder} ran and finished"
     return "free: its ttl or lease ran out after the last decision (expired)"

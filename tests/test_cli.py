@@ -346,3 +346,24 @@ def test_explain_tells_a_job_recovered_after_kill_9_ran_and_finished(
     told = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", key).stdout
     assert f"key {key}: free: job-1 ran and finished" in told, told
     dedup.close()
+
+
+def test_explain_of_a_job_that_left_no_history_tells_it_finished(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A killed run's copy that came after the lease ended (Celery noticed the death late)
+    waited for nothing, so the key keeps no history: asked by its job id, explain reads the
+    job's record rather than say only "free"."""
+    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix))
+
+    def sync(account: str) -> None: ...
+
+    policy = Policy("until_executed", lease=1).bind("ledger.sync", sync)
+    ticket = dedup.enqueue(policy, ("acme",), job_id="job-9")
+    dedup.published(ticket)
+    key = ticket.key or ""
+    assert dedup.claim(policy, "job-9", key=key).should_run
+    dedup.finish(policy, key, "job-9")
+    told = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", "job-9").stdout
+    assert f"key {key}: free: job-9 ran and finished" in told, told
+    dedup.close()

@@ -32,7 +32,8 @@ CHECKED = [
     "the third refused, nothing sent: QuotaExceeded",
     "once they ended, the same export was accepted and ran",
     "`locks` shows reports.build held by its running job",
-    "`explain` tells check 2's story",
+    "`explain` tells why the second call did not run",
+    "`explain` tells check 3's end",
 ]
 SECTIONS = [f"{n}. " for n in range(1, 7)]
 

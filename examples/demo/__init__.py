@@ -10,7 +10,8 @@ real prefork Celery worker and a real taskiq worker on it, then shows, checking 
    overlapping itself (Celery, ``acks_late``);
 4. an idempotency-key retry answered with the original job (taskiq);
 5. a reservation cap refusing the third job (taskiq);
-6. ``taskdedup locks`` and ``taskdedup explain`` on what just happened.
+6. ``taskdedup locks`` and ``taskdedup explain`` on what just happened (a duplicate, a
+   recovery).
 
 Any check that fails prints ``FAILED: ...`` and the demo exits 1; workers and Redis are
 always stopped. Modules: :mod:`.redis_server` (the private Redis), :mod:`.celery_app` and

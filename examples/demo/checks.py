@@ -83,14 +83,14 @@ def short(job_id: str) -> str:
 class Demo:
     """What the checks share: the private Redis, the Celery worker (check 3 kills one of its
     pool processes), the apps (imported once the Redis URL is in the environment) and check
-    2's jobs (check 6 explains them)."""
+    3's job (check 6 explains it)."""
 
     redis_url: str
     journal: Journal
     celery_worker: Worker
     celery: Any
     taskiq: Any
-    rescheduled: tuple[str, str] = ("", "")  # check 2's job and the run it owed
+    killed: str = ""  # check 3's job, killed mid-run and recovered
 
     # ------------------------------------------------------------------ 1. a double click
     def double_click(self) -> None:
@@ -131,7 +131,6 @@ class Demo:
         versions = [entry.args[1] for entry in starts(self.journal.runs("render"))]
         require(versions == [1, 3], f"render ran with versions {versions}, not [1, 3]")
         require(runs[1].job != first.id, "the owed run reused v1's job id")
-        self.rescheduled = (first.id, runs[1].job)
         passed("then exactly one more run, with v3 (v2 folded into it): runs were v1, v3")
 
     # ------------------------------------------------------------------ 3. kill -9
@@ -139,6 +138,7 @@ class Demo:
         say("3. kill -9 mid-job: the job is delivered again and finishes, never twice at once")
         say("   (Celery, prefork, acks_late + reject_on_worker_lost, taskdedup lease 2 s)")
         job = self.celery.sync_ledger.delay("acme")
+        self.killed = job.id
         first = poll("sync_ledger's start", lambda: starts(self.journal.runs("sync_ledger")))[0]
         worker_group = self.celery_worker.proc.pid
         require(
@@ -232,12 +232,17 @@ class Demo:
         listing = self.taskdedup("locks")
         require(first.id in listing, f"`taskdedup locks` does not show job {first.id}")
         passed(f"`locks` shows reports.build held by its running job {short(first.id)}")
+        why = self.taskdedup("explain", first.id)
+        require("it answered 1 duplicate" in why, f"`explain {first.id}` counts no duplicate")
+        passed("`explain` tells why the second call did not run: it answered 1 duplicate")
         self.journal.open_gate("build_report")
         poll("build_report's end", lambda: ends(self.journal.runs("build_report")))
-        holder, owed = self.rescheduled
-        story = self.taskdedup("explain", holder)
-        require(owed in story, f"`explain {holder}` does not name the run it owed, {owed}")
-        passed(f"`explain` tells check 2's story: {short(holder)} ran, then {short(owed)}")
+        story = self.taskdedup("explain", self.killed)
+        require(
+            f"free: {self.killed} ran and finished" in story,
+            f"`explain {self.killed}` does not tell that check 3's job ran again and finished",
+        )
+        passed("`explain` tells check 3's end: the killed job ran again and finished")
 
     def taskdedup(self, *args: str) -> str:
         """Run the real ``taskdedup`` command on the private Redis; print its output indented."""

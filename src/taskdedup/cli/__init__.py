@@ -122,7 +122,7 @@ def explain_command(ctx: click.Context, what: tuple[str, ...], as_json: bool) ->
     """What was decided for a key and why, most recent first. WHAT is a key, a job id, or a
     task and its arguments (``ci.build sha=abc`` or ``ci.build abc``)."""
     t = target(ctx)
-    explain(t, find_key(t, what), as_json)
+    explain(t, find_key(t, what), as_json, job=what[0] if len(what) == 1 else None)
 
 
 @cli.command()

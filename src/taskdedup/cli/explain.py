@@ -94,7 +94,8 @@ def find_key(target: Target, words: tuple[str, ...]) -> str:
     return found[0]
 
 
-def explain(target: Target, key: str, as_json: bool) -> None:
+def explain(target: Target, key: str, as_json: bool, job: str | None = None) -> None:
+    """What was decided for ``key``, newest first (``job``: the job id it was asked about)."""
     info = target.store.run(Inspect(key))
     kept = target.store.run(History(key))
     events = sorted([*kept, *_ordinary(info)], key=lambda e: e.at_ms, reverse=True)
@@ -107,7 +108,7 @@ def explain(target: Target, key: str, as_json: bool) -> None:
                     "detail": list(e.detail), "says": says(e)} for e in events]  # fmt: skip
         click.echo(json.dumps({"key": key, "now": now, "history": entries}))
         return
-    click.echo(f"key {key}: {_now(target, key, info, kept)}")
+    click.echo(f"key {key}: {_now(target, key, info, kept, job)}")
     for e in events:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000))
         click.echo(f"  {stamp}.{e.at_ms % 1000:03d}  {says(e)}")
@@ -177,7 +178,9 @@ def _answered(info: LockInfo, supersedes: bool) -> str:
     return f"; it answered {n} duplicate{plural} so far{told}"
 
 
-def _now(target: Target, key: str, info: LockInfo | None, events: list[Event]) -> str:
+def _now(
+    target: Target, key: str, info: LockInfo | None, events: list[Event], job: str | None
+) -> str:
     store = target.store
     if info is not None:
         where = f" on {info.worker}" if info.worker else ""
@@ -186,8 +189,9 @@ def _now(target: Target, key: str, info: LockInfo | None, events: list[Event]) -
             now += f"; its run is due in {due_in(info.due_ms):.1f}s"
         tp = target.policies.get(info.task or "")
         return now + _answered(info, tp is not None and tp.policy.on_conflict == "supersede")
-    if not events or events[0].what not in HOLDING:
-        return "free"
+    if not events or events[0].what not in HOLDING:  # (a job asked about: its record tells)
+        ended = job not in (None, key) and store.run(JobState(key, job)) == "finished"
+        return f"free: {job} ran and finished" if ended else "free"
     last = events[0]  # (a delivery that waited is the job that later ran: a killed run's copy)
     holder = last.detail[0] if last.what in DUPLICATES else last.job_id
     if store.run(JobState(key, holder)) == "finished":  # its end is not written: it is usual

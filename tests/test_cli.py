@@ -325,20 +325,26 @@ def test_locks_lists_locks_not_idempotency_records(redis_url: str, key_prefix: s
     dedup.close()
 
 
+def ledger_job(redis_url: str, key_prefix: str, job_id: str) -> tuple[Deduplicator, Any, str]:
+    """A published ``ledger.sync`` job (until_executed, a 1 s lease): its Deduplicator, policy
+    and key."""
+    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix))
+
+    def sync(account: str) -> None: ...
+
+    policy = Policy("until_executed", lease=1).bind("ledger.sync", sync)
+    ticket = dedup.enqueue(policy, ("acme",), job_id=job_id)
+    dedup.published(ticket)
+    return dedup, policy, ticket.key or ""
+
+
 def test_explain_tells_a_job_recovered_after_kill_9_ran_and_finished(
     redis_url: str, key_prefix: str
 ) -> None:
     """The demo's kill -9: a redelivered copy waited while the dead run's lease lasted, then
     ran and finished. explain said the key had expired (it read the waited entry's worker as
     the job)."""
-    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix))
-
-    def sync(account: str) -> None: ...
-
-    policy = Policy("until_executed", lease=1).bind("ledger.sync", sync)
-    ticket = dedup.enqueue(policy, ("acme",), job_id="job-1")
-    dedup.published(ticket)
-    key = ticket.key or ""
+    dedup, policy, key = ledger_job(redis_url, key_prefix, "job-1")
     assert dedup.claim(policy, "job-1", key=key).should_run  # its worker is killed here
     assert dedup.claim(policy, "job-1", key=key).outcome == "running"  # the copy waits
     wait_for(lambda: dedup.claim(policy, "job-1", key=key).should_run, 10, "the lease to end")
@@ -354,14 +360,7 @@ def test_explain_of_a_job_that_left_no_history_tells_it_finished(
     """A killed run's copy that came after the lease ended (Celery noticed the death late)
     waited for nothing, so the key keeps no history: asked by its job id, explain reads the
     job's record rather than say only "free"."""
-    dedup = Deduplicator(RedisStore.from_url(redis_url, key_prefix=key_prefix))
-
-    def sync(account: str) -> None: ...
-
-    policy = Policy("until_executed", lease=1).bind("ledger.sync", sync)
-    ticket = dedup.enqueue(policy, ("acme",), job_id="job-9")
-    dedup.published(ticket)
-    key = ticket.key or ""
+    dedup, policy, key = ledger_job(redis_url, key_prefix, "job-9")
     assert dedup.claim(policy, "job-9", key=key).should_run
     dedup.finish(policy, key, "job-9")
     told = taskdedup("--url", redis_url, "--prefix", key_prefix, "explain", "job-9").stdout

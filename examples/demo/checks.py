@@ -46,25 +46,24 @@ def require(condition: bool, why: str) -> None:
 def poll(what: str, predicate: Callable[[], T | None], timeout: float = 20.0) -> T:
     """``predicate()``'s first truthy value; :class:`Failed` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Failed(f"{what} did not happen within {timeout:.0f} s")
+    while not (value := predicate()):
+        _in_time(what, deadline, timeout)
         time.sleep(TICK)
+    return value
 
 
 async def apoll(what: str, predicate: Callable[[], T | None], timeout: float = 20.0) -> T:
     """:func:`poll` for a coroutine: waits with ``asyncio.sleep``."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Failed(f"{what} did not happen within {timeout:.0f} s")
+    while not (value := predicate()):
+        _in_time(what, deadline, timeout)
         await asyncio.sleep(TICK)
+    return value
+
+
+def _in_time(what: str, deadline: float, timeout: float) -> None:
+    if time.monotonic() > deadline:
+        raise Failed(f"{what} did not happen within {timeout:.0f} s")
 
 
 def starts(runs: list[Entry]) -> list[Entry]:

@@ -27,8 +27,9 @@ Fixtures:
 
 Why a worker fixture of its own: pytest-celery 1.x replaces Celery's in-process
 ``celery_worker`` with a container worker that needs Docker (celery/pytest-celery#442), so no
-fixture here depends on ``celery_worker`` by name. With Docker, pytest-celery's ``celery_setup``
-containers and ``--taskdedup-redis`` pointed at the container's Redis work beside these.
+fixture here depends on ``celery_worker`` by name. With Docker, a worker in pytest-celery's
+``celery_setup`` containers uses its app's own store: the test's side must use that store and
+key prefix too (see docs/testing.md), not ``taskdedup_store``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,23 @@ def _adapt(code: str) -> str:
     )
 
 
+@pytest.fixture
+def celery_state() -> Iterator[None]:
+    """A page's ``@shared_task`` registers its task on every Celery app finalized later, and
+    a snippet may set the current app: both are put back after the page, so no later test
+    finds the docs' tasks in an app of its own."""
+    from celery import _state
+
+    before, default = _state._tls.current_app, _state.default_app
+    finalizers = set(_state._on_app_finalizers)
+    yield
+    _state._set_current_app(before)
+    _state.set_default_app(default)
+    _state._on_app_finalizers.clear()
+    _state._on_app_finalizers.update(finalizers)
+
+
+@pytest.mark.usefixtures("celery_state")
 @pytest.mark.parametrize("page", [page for page in PAGES if page not in NO_PYTHON])
 def test_the_python_snippets_of_each_page_run_in_order(
     page: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from . import cancel
 from .errors import StoreUnavailable
@@ -275,6 +275,15 @@ class AsyncHeartbeat(_Leases):
             due = self.plan(loop.time())
 
 
+class _Confirmation(NamedTuple):
+    """A published lock waiting in :class:`Confirmer` for its batch."""
+
+    key: str
+    job_id: str
+    give_up: float  # (monotonic) past this, the lock's grace is over: no use sending it
+    duplicates: int  # answered with the job here since the last batch (counted by the batch)
+
+
 class Confirmer:
     """Confirms published locks in batches from a daemon thread started on first use.
 
@@ -286,8 +295,7 @@ class Confirmer:
     def __init__(self, dedup: StoreUser, interval: float = 0.25) -> None:
         self.dedup = dedup
         self.interval = interval
-        #: key, job id, give up at, duplicates answered with the job here since the last batch
-        self._pending: list[tuple[str, str, float, int]] = []
+        self._pending: list[_Confirmation] = []
         self._sending: dict[str, str] = {}  # job id -> key, of the batch on its way
         self._failing = False
         self._mutex = threading.Lock()
@@ -306,7 +314,7 @@ class Confirmer:
     def add(self, key: str, job_id: str) -> None:
         give_up = time.monotonic() + self.dedup.settings.grace
         with self._mutex:
-            self._pending.append((key, job_id, give_up, 0))
+            self._pending.append(_Confirmation(key, job_id, give_up, 0))
             if self._pid != os.getpid():  # first use, or a forked child
                 self._stop.clear()
                 _thread_of_this_process(self, "taskdedup-confirm", self.flush)
@@ -320,28 +328,29 @@ class Confirmer:
         with self._mutex:
             if self._pid != os.getpid():
                 return False
-            return job_id in self._sending or any(item[1] == job_id for item in self._pending)
+            return job_id in self._sending or any(item.job_id == job_id for item in self._pending)
 
     def count_duplicate(self, job_id: str) -> None:
         """A duplicate this process answered with ``job_id`` while the job's confirmation
         waited here (the store saw a holder not yet confirmed, and counted nothing): it is
         counted on the lock by the confirmation's own call, which costs the store no call."""
         with self._mutex:
-            for index, (key, job, give_up, dups) in enumerate(self._pending):
-                if job == job_id:
-                    self._pending[index] = (key, job, give_up, dups + 1)
+            for index, item in enumerate(self._pending):
+                if item.job_id == job_id:
+                    self._pending[index] = item._replace(duplicates=item.duplicates + 1)
                     return
             sent = self._sending.get(job_id)
             if sent is None:
                 return
             give_up = time.monotonic() + self.dedup.settings.grace
-            self._pending.append((sent, job_id, give_up, 1))  # (confirming again is a no-op)
+            # (confirming again is a no-op)
+            self._pending.append(_Confirmation(sent, job_id, give_up, 1))
         self._wake.set()
 
-    def _take(self) -> list[tuple[str, str, float, int]]:
+    def _take(self) -> list[_Confirmation]:
         with self._mutex:
             batch, self._pending = self._pending, []
-            self._sending = {item[1]: item[0] for item in batch}
+            self._sending = {item.job_id: item.key for item in batch}
         return batch
 
     def flush(self) -> int:
@@ -350,8 +359,8 @@ class Confirmer:
         if not batch:
             return 0
         try:
-            items = tuple((key, job) for key, job, _, _ in batch)
-            counts = tuple(item[3] for item in batch)
+            items = tuple((item.key, item.job_id) for item in batch)
+            counts = tuple(item.duplicates for item in batch)
             confirmed = self.dedup.store.run(Confirm(items, counts if any(counts) else ()))
         except Exception as exc:  # a missed confirmation costs a dedup window, never a job
             return self._failed(batch, exc)
@@ -361,10 +370,10 @@ class Confirmer:
         self._failing = False
         return confirmed
 
-    def _failed(self, batch: list[tuple[str, str, float, int]], exc: Exception) -> Literal[0]:
+    def _failed(self, batch: list[_Confirmation], exc: Exception) -> Literal[0]:
         """Keep for another try what the store did not take, while its grace lasts."""
         now = time.monotonic()
-        again = [item for item in batch if item[2] > now]
+        again = [item for item in batch if item.give_up > now]
         if not self._failing:
             log.warning(
                 "taskdedup: could not confirm %d lock(s), trying again while their grace lasts: %s",

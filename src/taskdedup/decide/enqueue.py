@@ -12,6 +12,7 @@ from ..policy import ENQUEUE_LOCKING, TaskPolicy
 from ..settings import Settings
 from ..stores.base import Acquire, AcquireReply, Peek, ms
 from .answers import Ticket
+from .guards import GuardFree, GuardHeld, current_guard, guard_answered
 from .step import Notes, Step, active
 
 
@@ -63,11 +64,28 @@ def plan_enqueue(
     if payload is not None and limit and len(payload.encode()) > limit:
         raise PayloadTooLarge(task, len(payload.encode()), limit)
     cancel = p.running == "cancel"
+    guard = current_guard()  # (taskdedup.compat: the peer's key, in the same step)
     op = Acquire(
-        key, job_id, ttl, grace, counted and not dry, payload, task, debounce_ms, wait_ms, cancel
+        key,
+        job_id,
+        ttl,
+        grace,
+        counted and not dry,
+        payload,
+        task,
+        debounce_ms,
+        wait_ms,
+        cancel,
+        guard,
     )
 
     def done(reply: AcquireReply) -> Ticket:
+        if guard is not None:
+            guard_answered()
+        if reply.guard == "held":
+            raise GuardHeld(reply.guard_answer)
+        if reply.guard == "free":
+            raise GuardFree(reply.holder)
         if reply.acquired:
             note("enqueue", "acquired", logging.DEBUG, task, key=key, job=job_id)
             return Ticket("acquired", job_id, key, reply.fence, confirm=grace < ttl)
@@ -108,8 +126,10 @@ def plan_enqueue(
 
     def failed(exc: StoreUnavailable) -> Ticket:
         note("enqueue", "store_unavailable", logging.WARNING, task, error=exc, key=key, job=job_id)
-        if settings.on_store_error == "raise":
-            raise exc
+        if guard is not None:
+            guard_answered()
+        if settings.on_store_error == "raise" or guard is not None:  # (the guard's owner's
+            raise exc  # library raises when its own key cannot be taken)
         return Ticket("store_unavailable", job_id, key)
 
     # A holder still being published may fail and free the key: answering with it could
@@ -119,7 +139,7 @@ def plan_enqueue(
         done,
         failed,
         waits=None if dry else holder_pending,
-        again=dataclasses.replace(op, record_duplicate=False, payload=None),
+        again=dataclasses.replace(op, record_duplicate=False, payload=None, guard=None),
     )
 
 

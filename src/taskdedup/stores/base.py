@@ -56,6 +56,11 @@ class AcquireReply:
     duplicates: int
     pending: bool = False  # the holder's publish is not confirmed yet: it may still fail
     running: bool = False  # the holder runs (a supersede duplicate then owes a run, or stops it)
+    #: With :attr:`Acquire.guard`: "held", the guard key is another's (nothing was written;
+    #: ``guard_answer`` is its remaining ms or its value, as the guard asked); "free", the guard
+    #: key was free but the lock is another job's (nothing was written); "" otherwise.
+    guard: Literal["", "held", "free"] = ""
+    guard_answer: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,6 +133,22 @@ class LockInfo:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Guard:
+    """A plain key an :class:`Acquire` also takes, in the same atomic step, as ``SET key value
+    NX [PX ttl_ms]`` (``ttl_ms`` None: no expiry): the lock key of another library that keeps
+    deciding during a migration (:mod:`taskdedup.compat`). The guard is taken first: when it
+    is another's, nothing else happens and the reply carries ``answer`` of it (``"ttl"``: its
+    remaining ms, ``"value"``: what it holds); when it is free but the lock is another job's,
+    it is given back. Only a store that shares the guard's server takes one
+    (:meth:`Store.takes_guards_on`)."""
+
+    key: str
+    value: str
+    ttl_ms: int | None
+    answer: Literal["ttl", "value"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Acquire(Op[AcquireReply]):
     """(none) -> QUEUED(job); QUEUED -> QUEUED, dups+1 (and the payload kept).
 
@@ -148,6 +169,7 @@ class Acquire(Op[AcquireReply]):
     wait_ms: int = 0
     #: supersede with running="cancel": a duplicate of a running holder asks it to stop
     cancel: bool = False
+    guard: Guard | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -502,6 +524,15 @@ class PushesWithLock(Protocol):
         self, op: Acquire, queue: str, message: str | bytes
     ) -> AcquireReply:
         """The asyncio twin of :meth:`acquire_and_push`."""
+
+
+@runtime_checkable
+class TakesGuards(Protocol):
+    """A store whose :class:`Acquire` can also take a :class:`Guard` key, on the server that a
+    client with these connection settings writes to (its own standalone server and database)."""
+
+    def takes_guards_on(self, connection_kwargs: dict[str, Any]) -> bool:
+        """Whether a guard key of a client with these connection settings can be taken."""
 
 
 def scope_key(scope: str, kind: str = "res") -> str:

@@ -182,7 +182,7 @@ def one_statement(
         return store.sql.acquire, (*args, True), acquired
     if kind is Acquire:
         a = cast(Acquire, op)
-        if a.debounce_ms or a.cancel or a.payload is not None:
+        if a.debounce_ms or a.cancel or a.payload is not None or a.guard is not None:
             return None
         purge = PURGE_BATCH if store.purge_due() else 0
         args = (store.class_id, a.key, a.job_id, a.ttl_ms, a.grace_ms, a.record_duplicate)

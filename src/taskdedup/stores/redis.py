@@ -252,15 +252,16 @@ class RedisStore(Store):
         fields = ("host", "port", "db", "path", "username")
         return all(_same(ours.get(name), connection_kwargs.get(name), name) for name in fields)
 
+    takes_guards_on = shares_server  # (TakesGuards: a guard key on this same server)
+
     @events.timed_as("acquire_and_push")
     def acquire_and_push(self, op: Acquire, queue: str, message: str | bytes) -> AcquireReply:
         """:class:`Acquire`, and when the lock is ours LPUSH ``message`` onto the list ``queue``
         in the same script: one round trip, and no window where one exists without the other
         (so the lock needs no confirmation, G11). ``queue`` must live on this server."""
-        call = self.calls.acquire(op)
-        with _answering([*call.keys, queue]):
-            raw = self._eval(call.variant, [*call.keys, queue], [*call.args, message])
-        return parse_acquire(raw)
+        call = self.calls.acquire(op, queue, message)
+        with _answering(call.keys):
+            return parse_acquire(self._eval(call.variant, call.keys, call.args))
 
     async def aacquire_and_push(
         self, op: Acquire, queue: str, message: str | bytes
@@ -271,10 +272,9 @@ class RedisStore(Store):
         return await events.atimed("acquire_and_push", self._apush, op, queue, message)
 
     async def _apush(self, op: Acquire, queue: str, message: str | bytes) -> AcquireReply:
-        call = self.calls.acquire(op)
+        call = self.calls.acquire(op, queue, message)
         with _answering():
-            raw = await self._aeval(call.variant, [*call.keys, queue], [*call.args, message])
-        return parse_acquire(raw)
+            return parse_acquire(await self._aeval(call.variant, call.keys, call.args))
 
     def close(self) -> None:
         self.clients.close()

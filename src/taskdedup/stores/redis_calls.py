@@ -78,16 +78,22 @@ _STATES: dict[str, LockState] = {"q": "queued", "r": "running", "t": "throttled"
 CONFIRM_CHUNK = 100
 #: A script of the history-off variant is named with this suffix (the ``history`` setting).
 QUIET = ":quiet"
+#: The acquire that also takes a guard key (:class:`~taskdedup.stores.base.Guard`).
+GUARDED = "acquire:guard"
 
 
 def _load_scripts() -> dict[str, str]:
     """Each script with lib.lua prepended, twice: with the key's history written, and (named
-    ``<script>:quiet``) without, so turning history off costs a script nothing at run time."""
+    ``<script>:quiet``) without, so turning history off costs a script nothing at run time.
+    The acquire also comes with guard.lua before it (``acquire:guard``), and without a guard
+    (``GUARD`` is nil)."""
     folder = resources.files(__package__).joinpath("lua")
     lib = folder.joinpath("lib.lua").read_text()
+    bodies = {name: folder.joinpath(f"{name}.lua").read_text() for name in SCRIPTS}
+    bodies[GUARDED] = folder.joinpath("guard.lua").read_text() + bodies["acquire"]
+    bodies["acquire"] = "local GUARD\n" + bodies["acquire"]
     sources = {}
-    for name in SCRIPTS:
-        body = folder.joinpath(f"{name}.lua").read_text()
+    for name, body in bodies.items():
         sources[name] = "local HISTORY = true\n" + lib + "\n" + body
         sources[name + QUIET] = "local HISTORY = false\n" + lib + "\n" + body
     return sources
@@ -119,9 +125,11 @@ class ScriptCall:
         args: list[Any],
         parse: Callable[[Any], Any],
         history: bool = True,
+        source: str = "",
     ) -> None:
         self.script, self.keys, self.args, self.parse = script, keys, args, parse
-        self.variant = script if history else script + QUIET
+        source = source or script
+        self.variant = source if history else source + QUIET
 
 
 class ScriptCalls:
@@ -161,15 +169,25 @@ class ScriptCalls:
         base = f"{self.prefix}:{{{key}}}:"
         return [base + part for part in parts]
 
-    def acquire(self, op: Acquire) -> ScriptCall:
-        return self._call(
-            "acquire",
-            self.names(op.key, "lock"),
-            [op.job_id, op.ttl_ms, op.grace_ms, 1 if op.record_duplicate else 0, op.task]
-            + [op.debounce_ms, op.wait_ms, 1 if op.cancel else 0]
-            + ([] if op.payload is None else [op.payload]),
-            parse_acquire,
-        )
+    def acquire(
+        self, op: Acquire, queue: str | None = None, message: str | bytes | None = None
+    ) -> ScriptCall:
+        """The acquire's call; with ``queue``, it also pushes ``message`` there when the lock
+        is ours (:meth:`~taskdedup.stores.redis.RedisStore.acquire_and_push`)."""
+        keys = self.names(op.key, "lock")
+        args: list[Any] = [op.job_id, op.ttl_ms, op.grace_ms, 1 if op.record_duplicate else 0]
+        args += [op.task, op.debounce_ms, op.wait_ms, 1 if op.cancel else 0]
+        if op.payload is not None:
+            args.append(op.payload)
+        if queue is not None:
+            keys.append(queue)
+            args.append(message)
+        guard = op.guard
+        if guard is None:
+            return ScriptCall("acquire", keys, args, parse_acquire, self.history)
+        keys.append(guard.key)
+        args += [guard.value, "" if guard.ttl_ms is None else guard.ttl_ms, guard.answer]
+        return ScriptCall("acquire", keys, args, parse_acquire, self.history, GUARDED)
 
     def peek(self, op: Peek) -> ScriptCall:
         return self._call(
@@ -374,7 +392,12 @@ def parse_peek(r: Any) -> AcquireReply | None:
 
 
 def parse_acquire(r: Any) -> AcquireReply:
-    state, fence, dups, holder = as_text(r).split(" ", 3)
+    text = as_text(r)
+    if text[0] == "g":  # the guard's holder answered (its pttl or value)
+        return AcquireReply(False, "", 0, 0, guard="held", guard_answer=text[2:])
+    state, fence, dups, holder = text.split(" ", 3)
+    if state == "s":  # the guard was free, the lock another job's
+        return AcquireReply(False, holder, 0, 0, guard="free")
     running = state == "r"
     return AcquireReply(state == "1", holder, int(fence), int(dups), state == "p", running)
 

@@ -85,6 +85,8 @@ def count_duplicate(
 
 
 def acquire(op: Acquire, r: Records) -> AcquireReply:
+    if op.guard is not None:  # (a guard lives on another server: see TakesGuards)
+        raise TypeError("this store cannot take a guard key with its lock")
     name = r.name(op.key, "lock")
     lock = r.get(name)
     if lock is not None and lock["j"] == op.job_id:  # the holder again: no change

@@ -13,9 +13,15 @@
 -- state 1 = ours, 0 = another job's, p = another job's whose publish is not confirmed yet (it
 -- may still fail and free the key: the caller asks again rather than answer with it), r =
 -- another job's that runs (what a supersede duplicate did depends on it).
+-- With a guard (stores/base.py Guard; the variant with guard.lua before this, which takes the
+-- guard's key and arguments off the ends and names them GUARD...): a lock that is another
+-- job's is answered by the guard, "g <its pttl or value>", or, when the guard is free,
+-- "s 0 0 <holder>" (nothing written either way); a free lock takes the guard with SET NX
+-- first and, when it is another's, answers "g ..." having written nothing.
 -- Cost (counted by tests/test_store_work.py): a new key is HMGET, TIME, HSET, PEXPIRE; a
 -- duplicate is HMGET and HSET (its second also checks the ttl; a debounced one reads TIME; one
--- that owes a run after a running holder also writes the holder's job record).
+-- that owes a run after a running holder also writes the holder's job record). A guard adds a
+-- SET to a new key; a duplicate it answers is HMGET and PTTL or GET.
 local n = #ARGV
 local message
 if KEYS[2] then message = ARGV[n]; n = n - 1 end
@@ -39,6 +45,28 @@ if lock[1] == ARGV[1] then
     end
   end
   return '1 ' .. lock[2] .. ' ' .. lock[3] .. ' ' .. lock[1]
+end
+if GUARD then
+  local held
+  if lock[1] then  -- another job's lock: the guard's holder answers, if it still has one
+    if GUARD_ANSWER == 'ttl' then
+      held = redis.call('PTTL', GUARD)
+      if held == -2 then held = false end
+    else
+      held = redis.call('GET', GUARD)
+    end
+    if held then return 'g ' .. held end
+    return 's 0 0 ' .. lock[1]
+  end
+  if GUARD_TTL == '' then
+    held = not redis.call('SET', GUARD, GUARD_VALUE, 'NX')
+  else
+    held = not redis.call('SET', GUARD, GUARD_VALUE, 'NX', 'PX', GUARD_TTL)
+  end
+  if held then
+    if GUARD_ANSWER == 'ttl' then return 'g ' .. redis.call('PTTL', GUARD) end
+    return 'g ' .. redis.call('GET', GUARD)
+  end
 end
 if lock[1] then
   local dups = lock[3] or '0'

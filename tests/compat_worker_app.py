@@ -26,7 +26,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
     taskdedup_key_prefix=PREFIX,
-    taskdedup_default_lease=2,  # a killed job's locks lapse within 2 s
+    # a killed job's locks lapse within the lease: 2 s, or the test's TD_LEASE
+    taskdedup_default_lease=float(os.environ.get("TD_LEASE", "2")),
     ONCE={
         "backend": "celery_once.backends.Redis",
         "settings": {"url": URL, "default_timeout": 600},

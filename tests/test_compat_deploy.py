@@ -2,20 +2,14 @@
 
 Old producers (the original packages, installed here) and new ones (``taskdedup.compat``)
 share the peer's key in Redis, so they deduplicate against each other in both directions,
-and a job sent by either side and run by a worker of either side frees the key. A compat
-job's key follows taskdedup's lease while it runs: a worker killed with kill -9 frees it
-within the lease + 5 s (the originals hold it for the whole timeout, or forever).
+and a job sent by either side and run by a worker of either side frees the key. (A worker
+killed with kill -9: tests/test_compat_kill.py.)
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +18,6 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from harness import wait_for
-from test_celery_prefork import celery_worker
-from worker_process import HERE, WorkerProcess
 
 celery_once = pytest.importorskip("celery_once")
 celery_singleton = pytest.importorskip("celery_singleton")
@@ -202,54 +194,3 @@ def _free(deploy: Deploy) -> bool:
         return not any(True for p in patterns for _ in client.scan_iter(match=p))
     finally:
         client.close()
-
-
-# ------------------------------------------------------------------ kill -9
-
-CELERY_WORKER = celery_worker("compat_worker_app")
-
-
-@pytest.fixture
-def worker_app(
-    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch, once_keys: Any
-) -> Any:
-    monkeypatch.setenv("TD_REDIS_URL", redis_url)
-    monkeypatch.setenv("TD_PREFIX", key_prefix)
-    monkeypatch.syspath_prepend(str(HERE))
-    sys.modules.pop("compat_worker_app", None)
-    import compat_worker_app
-
-    return compat_worker_app
-
-
-@pytest.mark.parametrize("peer", ["once", "singleton"])
-def test_kill_9_mid_job_frees_the_compat_key_within_lease_plus_5_seconds(
-    peer: str, worker_app: Any, redis_url: str, key_prefix: str, tmp_path: Path
-) -> None:
-    worker = WorkerProcess(
-        CELERY_WORKER, redis_url, key_prefix, tmp_path, lambda w: w.mark("ready")
-    )
-    try:
-        task = worker_app.once_job if peer == "once" else worker_app.singleton_job
-
-        def submit(seconds: float) -> Any:
-            """The new job's handle, or None when the key is still held."""
-            try:
-                result = task.delay("k9", seconds)
-            except compat_once.AlreadyQueued:
-                return None
-            return None if result.id == job.id else result
-
-        job = task.delay("k9", 60)
-        pid = int(wait_for(lambda: worker.mark("pid:k9"), 30, "the job to start"))
-        assert submit(0) is None  # held while it runs
-        os.kill(pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        lease = 2.0
-        fresh = wait_for(lambda: submit(0), lease + 5, "the key to be free again")
-        freed_after = time.monotonic() - killed_at
-        print(f"{peer}: key free {freed_after:.2f}s after kill -9")
-        assert freed_after <= lease + 5
-        assert fresh.get(timeout=30) == "k9"  # the new job runs
-    finally:
-        worker.stop()

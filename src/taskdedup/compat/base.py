@@ -30,9 +30,12 @@ from kombu.utils.uuid import uuid
 from ..celery.messages import header
 from ..celery.state import CeleryDedup, integration_for
 from ..celery.tasks import task_policy
+from ..decide.guards import GuardFree, GuardHeld, guarding
 from ..errors import ConfigError
 from ..policy import TaskPolicy
-from .mirror import KEEPER, PEER_KEY_HEADER, RedisMirror
+from ..stores.base import Guard, Inspect
+from .mirror import KEEPER, PEER_KEY_HEADER
+from .peer import PeerHooks, guard_for
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 #: This thread's call in progress: a compat publish (eager mode reaches ``apply`` from it) or
@@ -57,52 +60,15 @@ def freeze(fn: Callable[[Any], T]) -> Callable[[Any], T]:
     return cached
 
 
-class CompatTask(Task):  # type: ignore[misc]
+class CompatTask(PeerHooks, Task):  # type: ignore[misc]
     """The shared base of :class:`~taskdedup.compat.celery_once.QueueOnce` and
-    :class:`~taskdedup.compat.celery_singleton.Singleton`."""
+    :class:`~taskdedup.compat.celery_singleton.Singleton`: a Celery Task with the peer's
+    hooks (:class:`~taskdedup.compat.peer.PeerHooks`)."""
 
     abstract = True
     #: taskdedup's fast path for keys seen held lately would answer before the peer's rules;
     #: a compat task always takes the full path (a non-None value makes the wrapper skip it).
     _taskdedup_apply_async: ClassVar[Any] = False
-    #: celery-once's producers write a meaningless token, so its worker adopts any holder.
-    adopts_any_holder: ClassVar[bool] = False
-    #: options of ``apply_async`` that the peer reads and taskdedup does not send
-    peer_options: ClassVar[tuple[str, ...]] = ()
-
-    # ------------------------------------------------------------ what a peer says
-
-    def peer_key(self, args: Any, kwargs: Any) -> str:
-        raise NotImplementedError
-
-    def peer_ttl_ms(self, options: dict[str, Any]) -> int | None:
-        raise NotImplementedError
-
-    def peer_policy(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def peer_mirror(self) -> RedisMirror | None:
-        """The peer's key store, or None when the peer's backend is not Redis."""
-        raise NotImplementedError
-
-    def peer_url(self) -> str | None:
-        """The peer's Redis URL, the store's default when the app has no Redis."""
-        return None
-
-    def peer_duplicate(self, key: str, holder: str | None, options: dict[str, Any]) -> Any:
-        raise NotImplementedError
-
-    def peer_take(self, key: str, task_id: str, options: dict[str, Any]) -> Any:
-        """Take the peer's key for ``task_id``; None if taken, else the duplicate's answer."""
-        mirror = self.peer_mirror()
-        if mirror is None or mirror.take(key, task_id, self.peer_ttl_ms(options)):
-            return None
-        return self.peer_duplicate(key, None, options)
-
-    def peer_give_back(self, key: str, task_id: str) -> None:
-        mirror = self.peer_mirror()
-        if mirror is not None:
-            mirror.release(key, task_id)
 
     # ------------------------------------------------------------ taskdedup's side
 
@@ -125,6 +91,9 @@ class CompatTask(Task):  # type: ignore[misc]
     # ------------------------------------------------------------ the producer
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **call: Any) -> Any:
+        app = self._get_app()
+        if not app.finalized:  # (finalizing sets taskdedup's store: the peer's Redis, when
+            app.finalize(auto=True)  # the app has none; a first call may come before that)
         options = {k: v for k, v in call.items() if k not in self.peer_options}
         if options.get("retries"):  # Task.retry: this job's own republish keeps its locks
             key = self._request_peer_key(args, kwargs)
@@ -135,6 +104,12 @@ class CompatTask(Task):  # type: ignore[misc]
             return super().apply_async(args, kwargs, **options)
         key = self.peer_key(args, kwargs)
         task_id = options.pop("task_id", None) or uuid()
+        guard = self._guard(key, task_id, call)
+        if guard is not None:
+            try:
+                return self._publish_guarded(guard, args, kwargs, options, call)
+            except GuardFree:  # the peer's side freed its key, not taskdedup's lock: as below
+                pass
         try:
             answer = self.peer_take(key, task_id, call)
         except Exception as exc:
@@ -148,17 +123,57 @@ class CompatTask(Task):  # type: ignore[misc]
         result = self._publish(key, task_id, args, kwargs, options)
         if getattr(result, "deduplicated", False) and self._free_stale(args, kwargs, result.id):
             result = self._publish(key, task_id, args, kwargs, options)
+        return self._held_by_another(key, task_id, result, call, args, kwargs)
+
+    def _guard(self, key: str, task_id: str, call: dict[str, Any]) -> Guard | None:
+        integ, policy = self._native()
+        if integ is None or policy is None:
+            return None
+        return guard_for(self, integ, key, task_id, call)
+
+    def _publish_guarded(
+        self, guard: Guard, args: Any, kwargs: Any, options: Any, call: dict[str, Any]
+    ) -> Any:
+        """Publish with the peer's key taken by taskdedup's acquire; a key another holds
+        answers as the peer does; GuardFree: the key is free but taskdedup's lock is held."""
+        key, task_id = guard.key, guard.value
+        options["headers"] = {**(options.get("headers") or {}), PEER_KEY_HEADER: key}
+        try:
+            with guarding(guard) as state:
+                result = self._publish(key, task_id, args, kwargs, options)
+        except GuardHeld as held:
+            self._note_duplicate(key, held.answer if self.peer_reads == "value" else None)
+            return self.peer_answer(key, held.answer, call)
+        mirror = self.peer_mirror()
+        if not state.used and mirror is not None:  # (no acquire carried it: taken after)
+            mirror.take(key, task_id, guard.ttl_ms)
+        return self._held_by_another(key, task_id, result, call, args, kwargs)
+
+    def _held_by_another(
+        self, key: str, task_id: str, result: Any, call: dict[str, Any], args: Any, kwargs: Any
+    ) -> Any:
+        """The publish's answer: ``result``, or the peer's answer for a duplicate of a job
+        that taskdedup's lock names and the peer's key did not."""
         if getattr(result, "deduplicated", False) and result.id != task_id:
             # taskdedup's lock has a running holder the peer's key did not name: the key
-            # names the holder again, for old producers, on the holder's lease (its worker
-            # renews it; if that worker died, it lapses with taskdedup's own lock), and the
-            # caller gets the peer's answer
+            # names the holder again, for old producers, for what is left of the lock's
+            # life (its worker renews the key with the lease; if that worker died, the key
+            # lapses with taskdedup's own lock, not a lease later), and the caller gets the
+            # peer's answer
             self.peer_give_back(key, task_id)
-            mirror = self.peer_mirror()
-            if mirror is not None:
-                mirror.take(key, result.id, int(self._lease_seconds() * 1000))
+            mirror, left_ms = self.peer_mirror(), self._lock_left_ms(args, kwargs, result.id)
+            if mirror is not None and left_ms > 0:
+                mirror.take(key, result.id, left_ms)
             return self.peer_duplicate(key, result.id, call)
         return result
+
+    def _lock_left_ms(self, args: Any, kwargs: Any, holder: str) -> int:
+        """How long taskdedup's lock of this call still lives, while ``holder`` holds it."""
+        integ, policy = self._native()
+        if integ is None or policy is None:
+            return 0
+        info = integ.dedup.store.run(Inspect(policy.key_for(args or (), kwargs or {})))
+        return info.ttl_ms if info is not None and info.job_id == holder else 0
 
     def _note_duplicate(self, peer_key: str, holder: str | None) -> None:
         """A duplicate the peer's key answered never reached taskdedup's core: count and log
@@ -174,6 +189,8 @@ class CompatTask(Task):  # type: ignore[misc]
         _CALL.publishing = True  # (eager mode: Celery's apply_async calls apply)
         try:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
+        except (GuardHeld, GuardFree):  # (the guard was not taken: nothing to give back)
+            raise
         except BaseException:
             self.peer_give_back(key, task_id)
             raise
@@ -245,10 +262,6 @@ class CompatTask(Task):  # type: ignore[misc]
             KEEPER.drop(mirror, key)
             _quietly(adopted.reply)
 
-    def unlocks_at_start(self) -> bool:
-        """Whether the peer's key is freed when the job starts (celery-once's option)."""
-        return False
-
     def _lease_seconds(self) -> float:
         _, policy = self._native()
         return policy.policy.lease_seconds if policy is not None else 30.0
@@ -312,13 +325,16 @@ def _install(app: Any, cls: type) -> None:
     app._taskdedup_compat = True
     from ..celery import install
 
-    if integration_for(app) is None:
-        install(app)
-
     def default_store(sender: Any = None, **_: Any) -> None:
         _default_store(app)
 
+    # (the store must be set before install's own receivers read the settings; an app that
+    # is finalized already, binding its tasks now, has install read them at once)
     app.on_after_finalize.connect(default_store, weak=False)
+    if integration_for(app) is None:
+        if app.finalized:
+            _default_store(app)
+        install(app)
 
 
 def _default_store(app: Any) -> None:
@@ -331,7 +347,7 @@ def _default_store(app: Any) -> None:
         if isinstance(candidate, str) and urlsplit(candidate).scheme in REDIS_SCHEMES:
             return
     urls = []
-    for task in list(app.tasks.values()):
+    for task in list(app._tasks.values()):  # (app.tasks would finalize: settings read first)
         if isinstance(task, CompatTask):
             try:
                 url = task.peer_url()

@@ -361,6 +361,21 @@ class QueueOnce(CompatTask):
             raise
         return None
 
+    peer_reads = "ttl"  # (AlreadyQueued's countdown)
+
+    def takes_peer_key_as_is(self) -> bool:
+        backend = self.once_backend
+        return (
+            type(backend) is Redis
+            and not backend.blocking
+            and type(self).peer_take is QueueOnce.peer_take
+        )
+
+    def peer_answer(self, key: str, answer: str, options: dict[str, Any]) -> Any:
+        if self._graceful(options):
+            return EagerResult(None, None, states.REJECTED)
+        raise AlreadyQueued(int(answer) / 1000.0)
+
     def peer_give_back(self, key: str, task_id: str) -> None:
         backend = self.once_backend
         if isinstance(backend, Redis):

@@ -328,6 +328,15 @@ class Singleton(CompatTask):
                 return self.on_duplicate(existing)
         return None
 
+    def takes_peer_key_as_is(self) -> bool:
+        cls = type(self)
+        return (
+            type(self.singleton_backend) is RedisBackend
+            and cls.aquire_lock is Singleton.aquire_lock
+            and cls.get_existing_task_id is Singleton.get_existing_task_id
+            and cls.peer_take is Singleton.peer_take
+        )
+
     def peer_give_back(self, key: str, task_id: str) -> None:
         mirror = self.peer_mirror()
         if mirror is not None:

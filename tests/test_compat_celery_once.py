@@ -11,8 +11,11 @@ Three parts (docs/research/celery-once.md, sections 4 and 5):
 3. What taskdedup does differently on purpose (the module docstring), ``test_differs_*``.
 
 Modes: ``eager`` (``task_always_eager``), ``queued`` (published, no worker consumes it) and
-``worker`` (a real in-process worker, solo pool). A behaviour of the publish runs in all three;
-one of the run or the end of a job in ``eager`` and ``worker``.
+``worker`` (a real in-process worker, solo pool). The upstream tests of the publish run in all
+three, those of the run or the end of a job in ``eager`` and ``worker``. The README's run
+queued where what they show is the key as the publish took it (its name, its ttl, the queue's
+length), and in the other modes where a worker changes what is seen (the keys and the
+timeout while a worker runs the job).
 
 Every task and queue name starts with the test's ``key_prefix``; celery-once's keys are
 ``qo_<task name>...``, so ``qo_<prefix>*``, deleted after each test.
@@ -1096,6 +1099,29 @@ def test_readme_once_config_lives_in_app_conf(new_env: Callable[..., Env]) -> No
     assert 40_000 < env.pttl(env.key("job_a-1")) <= 45_000
 
 
+def test_once_config_under_the_celery_namespace(redis_url: str, key_prefix: str) -> None:
+    # Django's way: config_from_object(settings, namespace="CELERY") with CELERY_ONCE
+    class Settings:
+        CELERY_BROKER_URL = "memory://"
+        CELERY_TASKDEDUP_KEY_PREFIX = key_prefix
+        CELERY_ONCE = {
+            "backend": "celery_once.backends.Redis",
+            "settings": {"url": redis_url, "default_timeout": 45},
+        }
+
+    app = Celery(key_prefix, set_as_current=False)
+    app.config_from_object(Settings, namespace="CELERY")
+
+    @app.task(base=QueueOnce, name=f"{key_prefix}.job", shared=False)
+    def job(a: int) -> None: ...
+
+    job.delay(1)
+    with pytest.raises(AlreadyQueued) as caught:
+        job.delay(1)
+    assert 40 < caught.value.countdown <= 45
+    redis.Redis.from_url(redis_url).delete(job.get_key((1,), {}))
+
+
 @pytest.mark.parametrize("mode", ["eager", "queued"])
 @pytest.mark.parametrize("unlock_before_run", [False, True])
 def test_readme_calling_the_task_directly_is_not_affected(
@@ -1247,6 +1273,37 @@ def test_readme_keys_choose_the_arguments_of_the_lock(
     assert env.queued() == (1 if other is None else 2)
 
 
+@pytest.mark.parametrize("mode", ["worker"])
+def test_readme_keys_and_timeout_while_a_worker_runs_the_job(env: Env) -> None:
+    # README (keys, timeout), with a real worker: the key is the named arguments' while the
+    # job runs too; a duplicate is refused, another key accepted; the key is freed at the end.
+    # taskdedup differs: while it runs, the key lives on the job's lease, renewed by its
+    # worker (test_compat_kill.py), so its ttl is at most the lease, not what is left of
+    # the timeout; the countdown says so
+    gate = env.gate()
+
+    @env.task(once={"keys": ["a"], "timeout": 120})
+    def job(a: int, b: int) -> int:
+        if b == 0:
+            gate.enter()
+        return a + b
+
+    key = env.key("job_a-1")
+    with env.running():
+        first = job.delay(1, 0)
+        gate.wait_started()
+        assert env.held(key)
+        lease_ms = env.app.conf.get("taskdedup_default_lease", 30) * 1000
+        assert 0 < env.pttl(key) <= lease_ms
+        with pytest.raises(AlreadyQueued) as caught:
+            job.delay(1, 7)  # b is not in the key
+        assert 0 < caught.value.countdown <= lease_ms / 1000
+        other = job.delay(2, 7)
+        gate.go.set()
+        assert env.finished(first, key) == 1
+        assert env.finished(other, env.key("job_a-2")) == 9
+
+
 @pytest.mark.parametrize(
     ("settings", "once", "call_once", "ttl_ms"),
     [
@@ -1258,6 +1315,10 @@ def test_readme_keys_choose_the_arguments_of_the_lock(
         ),
         pytest.param({}, {"timeout": 1.5}, None, 1_500, id="float-timeout"),
         pytest.param({}, {"timeout": 0}, None, -1, id="timeout-0-never-expires"),
+        # a timeout given as None is kept, not replaced by default_timeout (celery-once's
+        # dict.get with a default; #15's way to a lock without expiry)
+        pytest.param({}, {"timeout": None}, None, -1, id="task-timeout-None-never-expires"),
+        pytest.param({}, {}, {"timeout": None}, -1, id="call-timeout-None-never-expires"),
     ],
 )
 def test_readme_timeout_is_the_locks_ttl(

@@ -438,6 +438,23 @@ def test_config_override_key_prefix() -> None:
     assert config_of(singleton_key_prefix="CUSTOM_KEY_PREFIX").key_prefix == "CUSTOM_KEY_PREFIX"
 
 
+def test_config_an_empty_key_prefix_is_kept() -> None:
+    # the original's conf.get(name, default) keeps "": in a rolling deploy both sides must
+    # write the same keys
+    assert config_of(singleton_key_prefix="").key_prefix == ""
+
+
+def test_config_backend_url_under_the_celery_namespace() -> None:
+    # README: CELERY_SINGLETON_BACKEND_URL with config_from_object(..., namespace="CELERY")
+    class Settings:
+        CELERY_BROKER_URL = "redis://broker.example:6379/0"
+        CELERY_SINGLETON_BACKEND_URL = "redis://locks.example:6379/3"
+
+    app = Celery("namespace_test", set_as_current=False)
+    app.config_from_object(Settings, namespace="CELERY")
+    assert Config(app).backend_url == "redis://locks.example:6379/3"
+
+
 def test_config_raise_on_duplicate_true_is_true() -> None:
     # upstream: tests/test_config.py::TestRaiseOnDuplicate::test__true_is_true
     assert config_of(singleton_raise_on_duplicate=True).raise_on_duplicate is True
@@ -1052,20 +1069,31 @@ def test_readme_custom_backend_class(
     assert backend.locks == {}
 
 
-def test_readme_unique_on_username(app: Celery, r: redis.Redis, key_prefix: str, sl: str) -> None:
-    # README: unique_on=["username"]: only that argument counts
+def test_readme_unique_on_username(
+    mode: Mode, app: Celery, r: redis.Redis, key_prefix: str, sl: str
+) -> None:
+    # README: unique_on=["username"]: only that argument counts (queued, and while it runs)
     @app.task(base=Singleton, name=f"{key_prefix}.sync_user", unique_on=["username"], shared=False)
-    def sync_user(username: str, otherarg: int = 0) -> None: ...
+    def sync_user(username: str, otherarg: int = 0) -> None:
+        if username == "bob":
+            mode.running()
 
-    bob = sync_user.delay(username="bob", otherarg=99)
-    assert sync_user.delay(username="bob", otherarg=100).id == bob.id
-    assert sync_user.delay("bob", 5).id == bob.id  # positional: the same key
-    alice = sync_user.delay(username="alice", otherarg=99)
-    assert alice.id != bob.id
-    assert locks(r, sl) == {
-        md5_key(sl, f'{key_prefix}.sync_user[]{{"username": "bob"}}'): bob.id,
-        md5_key(sl, f'{key_prefix}.sync_user[]{{"username": "alice"}}'): alice.id,
-    }
+    bob_key = md5_key(sl, f'{key_prefix}.sync_user[]{{"username": "bob"}}')
+    alice_key = md5_key(sl, f'{key_prefix}.sync_user[]{{"username": "alice"}}')
+    alices: list[str] = []
+
+    def check(bob: str) -> None:
+        assert sync_user.delay(username="bob", otherarg=100).id == bob
+        assert sync_user.delay("bob", 5).id == bob  # positional: the same key
+        alice = sync_user.delay(username="alice", otherarg=99)
+        assert alice.id != bob
+        alices.append(alice.id)
+        held = locks(r, sl)
+        assert held[bob_key] == bob
+        if mode.name == "queued":
+            assert held == {bob_key: bob, alice_key: alice.id}
+
+    mode.run(lambda: sync_user.delay(username="bob", otherarg=99), check)
 
 
 def test_unique_on_errors_raise_before_anything_is_taken(

@@ -70,7 +70,9 @@ class Deploy:
     """An old app (the original package) and a new one (the drop-in), with one task each of
     the same name, on one broker queue and one Redis."""
 
-    def __init__(self, peer: str, redis_url: str, key_prefix: str) -> None:
+    def __init__(self, peer: str, redis_url: str, key_prefix: str, *, restricted: bool = True):
+        """``restricted``: the key is made of ``item`` alone; else of every argument (the
+        peers' default)."""
         self.peer = peer
         self.old = make_app("old", redis_url, key_prefix)
         self.new = make_app("new", redis_url, key_prefix)
@@ -80,19 +82,19 @@ class Deploy:
         self.go = threading.Event()
         self.go.set()
         if peer == "once":
-            options: dict[str, Any] = {"once": {"keys": ["item"]}}
+            options: dict[str, Any] = {"once": {"keys": ["item"]}} if restricted else {}
             old_base, new_base = celery_once.QueueOnce, compat_once.QueueOnce
             self.duplicate_errors: tuple[type, ...] = (
                 celery_once.AlreadyQueued,
                 compat_once.AlreadyQueued,
             )
         else:
-            options = {"unique_on": ["item"]}
+            options = {"unique_on": ["item"]} if restricted else {}
             old_base, new_base = celery_singleton.Singleton, compat_singleton.Singleton
             self.duplicate_errors = ()
 
         def body(side: str) -> Callable[..., str]:
-            def job(item: str, note: str = "") -> str:
+            def job(item: str, note: Any = "") -> str:
                 self.runs.append((side, item))
                 self.started.set()
                 assert self.go.wait(30)
@@ -107,7 +109,7 @@ class Deploy:
             body("new")
         )
 
-    def submit(self, side: str, item: str, note: str = "") -> str | None:
+    def submit(self, side: str, item: str, note: Any = "") -> str | None:
         """The job id the call got: its own (accepted) or the holder's; None when the peer
         answers a duplicate with an exception (celery-once's AlreadyQueued)."""
         task = self.old_task if side == "old" else self.new_task
@@ -141,6 +143,23 @@ def test_old_and_new_producers_deduplicate_against_each_other(
     if deploy.peer == "singleton":  # the key holds the holder's id, whoever wrote it
         values = {redis_client.get(k) for k in redis_client.scan_iter(f"{key_prefix}:SINGLE*")}
         assert values == {held.encode(), other.encode()}
+
+
+@pytest.mark.parametrize("peer", ["once", "singleton"])
+@pytest.mark.parametrize("first", ["old", "new"])
+def test_old_and_new_producers_share_keys_made_of_every_argument(
+    peer: str, first: str, redis_url: str, key_prefix: str, once_keys: Any
+) -> None:
+    # the peers' default key: every argument, a dict's keys in any order included
+    deploy = Deploy(peer, redis_url, key_prefix, restricted=False)
+    second = "new" if first == "old" else "old"
+    held = deploy.submit(first, "a", note={"b": 1, "a": [1, 2]})
+    assert held is not None
+    answer = deploy.submit(second, "a", note={"a": [1, 2], "b": 1})
+    assert answer is None if peer == "once" else answer == held
+    other = deploy.submit(second, "a", note={"b": 2})  # another argument: another key
+    assert other is not None and other != held
+    assert deploy.submit(first, "a", note={"b": 2}) in (None, other)
 
 
 def test_producers_of_both_sides_at_once_accept_exactly_one(deploy: Deploy) -> None:

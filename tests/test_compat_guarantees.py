@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -136,7 +137,9 @@ def test_a_retrying_job_keeps_its_key_until_its_last_attempt_ends(
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
         first = job.delay("t")
         wait_for(lambda: attempts, 20, "the first attempt")
+        deadline = time.monotonic() + 20
         while len(attempts) < 3:  # between attempts the key stays held, for both sides
+            assert time.monotonic() < deadline, f"only attempts {attempts} ran in 20 s"
             duplicate = submit(job, "t")
             assert duplicate is None or duplicate.id == first.id
             assert peer_keys(redis_client, key_prefix)

@@ -311,12 +311,13 @@ class QueueOnce(CompatTask):
         return self.get_key(args, kwargs)
 
     def _timeout(self, options: dict[str, Any]) -> Any:
-        return (options.get("once") or {}).get("timeout", self.once.get("timeout"))
+        """The call's ``once={"timeout": ...}``, else the task's, else ``default_timeout``, as
+        celery-once reads it: a timeout given as None is kept (the key then never expires)."""
+        once = options.get("once") or {}
+        return once.get("timeout", self.once.get("timeout", self.default_timeout))
 
     def peer_ttl_ms(self, options: dict[str, Any]) -> int | None:
         timeout = self._timeout(options)
-        if timeout is None:
-            timeout = self.default_timeout
         return int(timeout * 1000) if timeout else None
 
     def peer_policy(self) -> dict[str, Any]:
@@ -346,8 +347,7 @@ class QueueOnce(CompatTask):
     def peer_take(self, key: str, task_id: str, options: dict[str, Any]) -> Any:
         backend = self.once_backend
         timeout = self._timeout(options)  # as configured (an int stays an int, as celery-once
-        if timeout is None:  # passes it: a custom backend's SET ... EX timeout needs one)
-            timeout = self.default_timeout
+        # passes it: a custom backend's SET ... EX timeout needs one)
         try:
             if isinstance(backend, Redis):
                 backend.raise_or_lock(key, timeout, value=task_id)

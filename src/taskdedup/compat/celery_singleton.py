@@ -98,8 +98,8 @@ class Config:
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    def _get(self, name: str) -> Any:
-        return self.app.conf.get("singleton_" + name)
+    def _get(self, name: str, default: Any = None) -> Any:
+        return self.app.conf.get("singleton_" + name, default)
 
     @property
     def backend_url(self) -> Any:
@@ -121,7 +121,7 @@ class Config:
 
     @property
     def key_prefix(self) -> str:
-        return self._get("key_prefix") or "SINGLETONLOCK_"
+        return str(self._get("key_prefix", "SINGLETONLOCK_"))  # ("" is a prefix, as there)
 
     @property
     def raise_on_duplicate(self) -> Any:

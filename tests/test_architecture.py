@@ -57,9 +57,11 @@ CLASSES_ABOVE: dict[str, int] = {}
 #: Issue 28's enqueue in the caller's transaction: whether the call joins one, and the lock's
 #: operations on the caller's connection, are the core's (transactions.py, the store), but
 #: only the adapter can hold its framework's publish until the commit: +9 (Celery's publish
-#: split from its answer), +6 (taskiq's kick).
-ADAPTERS_ABOVE = {"taskdedup.celery": 1771, "taskdedup.taskiq": 1230}
-ADAPTER_TARGETS = {"taskdedup.celery": 1771, "taskdedup.taskiq": 1230}
+#: split from its answer), +6 (taskiq's kick). A duplicate found in kombu's push must give
+#: the producer back whole (kombu replaced the pooled connection on any exception through
+#: Celery's acquire: a reconnect per duplicate): only the adapter holds Celery's producer, +23.
+ADAPTERS_ABOVE = {"taskdedup.celery": 1794, "taskdedup.taskiq": 1230}
+ADAPTER_TARGETS = {"taskdedup.celery": 1794, "taskdedup.taskiq": 1230}
 
 
 def modules() -> dict[str, Path]:

@@ -637,6 +637,40 @@ def test_a_key_held_by_another_process_is_found_in_the_push(
     assert queue_length(app, redis_url, key_prefix) == 1 and len(published) == 1
 
 
+def test_a_duplicate_found_in_the_push_keeps_the_broker_connection(
+    app: Celery, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A duplicate the fused script finds (another process holds the key) gives the producer
+    back to the app's pool whole: kombu treated the exception through Celery's own acquire as
+    a broken connection and replaced it, so every such duplicate reconnected, opened a channel
+    and declared the queue again (5-15 ms each)."""
+    from kombu.transport import redis as kombu_redis
+
+    @deduplicate("until_executed")
+    @app.task(shared=False)
+    def notify(user: int) -> None: ...
+
+    integ = install(app)
+    assert integ.fused_publish
+    policy = task_policy(notify, integ.settings)
+    for user in range(6):  # held by another producer
+        integ.dedup.published(integ.dedup.enqueue(policy, (user,), job_id=f"elsewhere-{user}"))
+    assert notify.delay(0).id == "elsewhere-0"  # (the pool's connection and channel made)
+    channels: list[Any] = []
+    made = kombu_redis.Channel.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        channels.append(self)
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(kombu_redis.Channel, "__init__", counted)
+    for user in range(1, 6):
+        result = notify.delay(user)
+        assert result.deduplicated and result.id == f"elsewhere-{user}"
+    assert channels == []  # no new connection, no new channel
+    assert not notify.delay(99).deduplicated  # and the producer still publishes
+
+
 def test_a_key_freed_after_it_was_seen_held_is_published_once(
     app: Celery, redis_url: str, key_prefix: str
 ) -> None:

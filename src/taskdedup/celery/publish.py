@@ -39,6 +39,7 @@ from ..submission import (
     submit,
 )
 from ..ticks import once_per_tick, sent_now
+from . import redis_push
 from .beat import OVERLAP_OPTION
 from .canvas import MIN_PATIENCE, publish_follower, register, results_kept
 from .messages import RESEND_OPTION, SCOPE_HEADER, add_key, call_of
@@ -229,7 +230,10 @@ class Publisher:
         add_key(call.key, options)
         token = PENDING.set(pending)
         try:
-            result = self.original(name, args, kwargs, **options)
+            app = self.integration.app
+            result = redis_push.send_keeping_producer(
+                app, self.original, name, args, kwargs, **options
+            )
         except NotPublished:
             self._forget_subscription(call.job_id, options)
             assert pending.reply is not None

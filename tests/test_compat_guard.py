@@ -8,6 +8,7 @@ keys), then the drop-ins' publishes, counted on the wire.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -162,7 +163,12 @@ def app(
 
 @pytest.mark.parametrize("peer", ["once", "singleton"])
 def test_a_drop_in_publish_is_one_round_trip_new_or_duplicate(
-    peer: str, app: Celery, key_prefix: str, redis_client: redis.Redis, round_trips: Any
+    peer: str,
+    app: Celery,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    round_trips: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     base = QueueOnce if peer == "once" else Singleton
 
@@ -170,23 +176,52 @@ def test_a_drop_in_publish_is_one_round_trip_new_or_duplicate(
     def job(item: str) -> None: ...
 
     app.finalize()
-    job.delay("warm-up")  # (connections opened, scripts loaded: not the publish's work)
+    for _ in range(2):  # (connections opened, scripts loaded: not the publish's work)
+        with contextlib.suppress(AlreadyQueued):
+            job.delay("warm-up")
     item = uuid.uuid4().hex
     first: list[Any] = []
     assert round_trips(lambda: first.append(job.delay(item))) == 1
     key = job.peer_key((item,), {})
     assert redis_client.get(key) == first[0].id.encode()  # the peer's key, naming the job
+    scripts: list[bytes] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def watched(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        packed = b"".join(command) if isinstance(command, list) else bytes(command)
+        scripts.append(packed) if b"EVALSHA" in packed.upper() else None
+        return send(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", watched)
+    # the key was taken here a moment ago: its duplicates ask the peer's key alone (SET NX and
+    # PTTL or GET in one round trip, no script), as many times as they come
+    for _ in range(3):
+        scripts.clear()
+        if peer == "once":
+            caught: list[AlreadyQueued] = []
+
+            def duplicate(caught: list[AlreadyQueued] = caught) -> None:
+                with pytest.raises(AlreadyQueued) as raised:
+                    job.delay(item)
+                caught.append(raised.value)
+
+            assert round_trips(duplicate) == 1
+            assert 590 < caught[0].countdown <= 600
+        else:
+            again: list[Any] = []
+            assert round_trips(lambda again=again: again.append(job.delay(item))) == 1
+            assert again[0].id == first[0].id  # the holder's AsyncResult, as the original's
+        assert scripts == []
+    # a key this process never saw held (another producer's) is found by the acquire's
+    # guard: one round trip too
+    other = uuid.uuid4().hex
+    redis_client.set(job.peer_key((other,), {}), "another-producer", px=60_000)
+    scripts.clear()
     if peer == "once":
-        caught: list[AlreadyQueued] = []
-
-        def duplicate() -> None:
-            with pytest.raises(AlreadyQueued) as raised:
-                job.delay(item)
-            caught.append(raised.value)
-
-        assert round_trips(duplicate) == 1
-        assert 590 < caught[0].countdown <= 600
+        with pytest.raises(AlreadyQueued):
+            assert round_trips(lambda: job.delay(other)) == 1
     else:
-        again: list[Any] = []
-        assert round_trips(lambda: again.append(job.delay(item))) == 1
-        assert again[0].id == first[0].id  # the holder's AsyncResult, as the original's
+        held: list[Any] = []
+        assert round_trips(lambda: held.append(job.delay(other))) == 1
+        assert held[0].id == "another-producer"
+    assert len(scripts) == 1

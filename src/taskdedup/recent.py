@@ -30,9 +30,13 @@ class RecentKeys:
         """Remember a key that was just taken or found held."""
         if ticket.key is None or not (ticket.acquired or ticket.outcome == "duplicate"):
             return
+        self.mark(ticket.key)
+
+    def mark(self, key: str) -> None:
+        """Remember ``key`` as held now."""
         if len(self._until) >= self.size:
             self._until.clear()
-        self._until[ticket.key] = time.monotonic() + self.seconds
+        self._until[key] = time.monotonic() + self.seconds
 
     def seen(self, key: str) -> bool:
         """Whether ``key`` was taken or found held within the last ``seconds``."""

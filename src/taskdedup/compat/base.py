@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..policy import TaskPolicy
 from ..stores.base import Guard, Inspect
 from .mirror import KEEPER, PEER_KEY_HEADER
-from .peer import PeerHooks, guard_for
+from .peer import PeerHooks, guard_for, held_lately, recent_keys
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 #: This thread's call in progress: a compat publish (eager mode reaches ``apply`` from it) or
@@ -104,14 +104,23 @@ class CompatTask(PeerHooks, Task):  # type: ignore[misc]
             return super().apply_async(args, kwargs, **options)
         key = self.peer_key(args, kwargs)
         task_id = options.pop("task_id", None) or uuid()
-        guard = self._guard(key, task_id, call)
+        taken, guard = False, None
+        if held_lately(self, key):  # a likely duplicate: the peer's key alone, one round trip
+            taken, read = self.peer_mirror().take_or_read(  # type: ignore[union-attr]
+                key, task_id, self.peer_ttl_ms(call), self.peer_reads
+            )
+            if not taken and read is not None:
+                self._note_duplicate(key, read if self.peer_reads == "value" else None)
+                return self.peer_answer(key, read, call)
+        else:  # a likely new key: both keys in taskdedup's acquire, where they can be
+            guard = self._guard(key, task_id, call)
         if guard is not None:
             try:
                 return self._publish_guarded(guard, args, kwargs, options, call)
             except GuardFree:  # the peer's side freed its key, not taskdedup's lock: as below
                 pass
         try:
-            answer = self.peer_take(key, task_id, call)
+            answer = None if taken else self.peer_take(key, task_id, call)
         except Exception as exc:
             if getattr(exc, "countdown", None) is not None or getattr(exc, "task_id", None):
                 self._note_duplicate(key, getattr(exc, "task_id", None))  # the peer's error
@@ -154,6 +163,7 @@ class CompatTask(PeerHooks, Task):  # type: ignore[misc]
     ) -> Any:
         """The publish's answer: ``result``, or the peer's answer for a duplicate of a job
         that taskdedup's lock names and the peer's key did not."""
+        recent_keys(self).mark(key)  # (held now: a call of it soon is likely a duplicate)
         if getattr(result, "deduplicated", False) and result.id != task_id:
             # taskdedup's lock has a running holder the peer's key did not name: the key
             # names the holder again, for old producers, for what is left of the lock's
@@ -178,6 +188,7 @@ class CompatTask(PeerHooks, Task):  # type: ignore[misc]
     def _note_duplicate(self, peer_key: str, holder: str | None) -> None:
         """A duplicate the peer's key answered never reached taskdedup's core: count and log
         it there as the core's own (metrics, the ``taskdedup`` logger, signals)."""
+        recent_keys(self).mark(peer_key)
         integ, _ = self._native()
         if integ is not None:
             integ.dedup.note(

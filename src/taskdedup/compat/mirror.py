@@ -123,6 +123,19 @@ class RedisMirror:
         """``SET key value NX [PX ttl]``, as the peer takes it: True if this call took it."""
         return bool(self.client.set(key, value, nx=True, px=ttl_ms or None))
 
+    def take_or_read(
+        self, key: str, value: str, ttl_ms: int | None, read: str
+    ) -> tuple[bool, str | None]:
+        """``SET key value NX [PX ttl]`` and, in the same round trip, what a duplicate is
+        answered with (``read``: "ttl", its PTTL; "value", its value): (taken, that answer)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(key, value, nx=True, px=ttl_ms or None)
+        pipe.pttl(key) if read == "ttl" else pipe.get(key)
+        taken, answer = pipe.execute()
+        if isinstance(answer, bytes):
+            answer = answer.decode()
+        return bool(taken), None if answer is None else str(answer)
+
     def holder(self, key: str) -> str | None:
         """The value the key holds (the holder's task id, for celery-singleton), or None."""
         value = self.client.get(key)

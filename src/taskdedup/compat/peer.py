@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from ..celery.state import CeleryDedup
 from ..decide.step import active
+from ..recent import RecentKeys
 from ..stores.base import Guard, TakesGuards
 from .mirror import RedisMirror
 
@@ -94,3 +95,19 @@ def guard_for(
     if not shared[1]:
         return None
     return Guard(key, task_id, task.peer_ttl_ms(call), task.peer_reads)
+
+
+def recent_keys(task: Any) -> RecentKeys:
+    """The peer keys ``task`` found held lately in this process."""
+    found = task.__dict__.get("_compat_recent")
+    if found is None:
+        found = task.__dict__["_compat_recent"] = RecentKeys()
+    return found  # type: ignore[no-any-return]
+
+
+def held_lately(task: Any, key: str) -> bool:
+    """Whether a call of ``key`` is likely a duplicate (the key was found held a moment ago)
+    and the peer's key can be asked alone, ``SET NX`` and its read in one round trip: a
+    duplicate then costs the peer's two commands, not a script (a likely new key goes to
+    taskdedup's acquire as a guard instead: one round trip for both keys)."""
+    return bool(task.takes_peer_key_as_is() and recent_keys(task).seen(key))

@@ -81,6 +81,12 @@ app.conf.update(
         "visibility_timeout": VISIBILITY_TIMEOUT,
         "unacked_restore_interval": 1,  # look for messages of dead workers every second
         "unacked_restore_throttle": 1,
+        # kombu's restore takes a mutex in Redis for unacked_mutex_expire (300 s by default);
+        # a worker killed while it holds it leaves every killed job's message unrestored that
+        # long, past the drain's deadline. Likely what a CI run met: 20 messages unacked for
+        # 130 s, the lists empty, restarted workers alive and idle (nothing was restored). A
+        # restore sweep takes milliseconds.
+        "unacked_mutex_expire": 10,
     },
     broker_connection_retry_on_startup=True,
     broker_connection_max_retries=None,

@@ -96,11 +96,13 @@ def test_dry_run_refuses_nothing_and_logs_what_it_would_have_done(
     runs: list[Any] = []
     build, report = define(app, runs)
     caplog.set_level(logging.INFO, logger="taskdedup")
+    # sent before a worker can run the first: the second is over the cap (a worker that had
+    # already run the first would have freed its slot: this test failed so once in CI)
+    over = [build.delay("cid", 3), build.delay("cid", 4)]
     with start_worker(app, pool="solo", perform_ping_check=False):
         first = report.apply_async(("bob",), idempotency_key="sha-2")
         assert first.get(timeout=30) == "bob"
         again = report.apply_async(("bob",), idempotency_key="sha-2")  # would be a hit
-        over = [build.delay("cid", 3), build.delay("cid", 4)]  # the second is over the cap
         dup = report.delay("bob")  # on_conflict="raise" would raise if bob's key were held
         assert again.id != first.id and again.get(timeout=30) == "bob"
         assert [h.get(timeout=30) for h in over] == [3, 4]
